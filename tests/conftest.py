@@ -1,0 +1,80 @@
+"""Shared fixtures: a tiny model (patch 8, width 32, depth 2, heads 2) and small data made on the fly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from vit.model import VisionTransformer
+
+REPO = Path(__file__).resolve().parents[1]
+CIFAR_ARCHIVE = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
+
+TINY = dict(
+    img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0
+)
+
+
+@pytest.fixture
+def tiny_model() -> VisionTransformer:
+    torch.manual_seed(0)
+    return VisionTransformer(**TINY)
+
+
+# ---- data fixtures: tiny image-folder trees and archives written on the fly ------------------
+
+TINY_DATA_CLASSES = ("bird", "cat", "dog")
+
+
+def _write_image_tree(root: Path, *, train_per_class: int = 12, test_per_class: int = 4) -> Path:
+    """root/{train,test}/<class>/NNNN.{png,jpg}: seeded random 32x32 RGB, every third a JPEG."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train_per_class), ("test", test_per_class)):
+        for name in TINY_DATA_CLASSES:
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                pixels = rng.integers(1, 256, size=(32, 32, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i:04d}{'.jpg' if i % 3 == 2 else '.png'}")
+    return root
+
+
+def _write_tar(root: Path, archive: Path, *, top: str | None = "tiny") -> Path:
+    """Tar root/train and root/test into `archive` (gzip by suffix), under folder `top` if given."""
+    import tarfile
+
+    mode = "w:gz" if archive.name.endswith((".gz", ".tgz")) else "w"
+    with tarfile.open(archive, mode) as tar:
+        for split in ("train", "test"):
+            tar.add(root / split, arcname=f"{top}/{split}" if top else split)
+    return archive
+
+
+@pytest.fixture
+def make_image_tree() -> Callable[..., Path]:
+    """Factory: make_image_tree(root, train_per_class=12, test_per_class=4) -> root."""
+    return _write_image_tree
+
+
+@pytest.fixture
+def make_tar() -> Callable[..., Path]:
+    """Factory: make_tar(root, archive, top="tiny") -> archive."""
+    return _write_tar
+
+
+@pytest.fixture
+def image_tree(tmp_path: Path) -> Path:
+    """3 classes (bird, cat, dog), 12 train and 4 test 32x32 images each, PNG and JPEG."""
+    return _write_image_tree(tmp_path / "tiny")
+
+
+@pytest.fixture
+def image_tree_tgz(image_tree: Path, tmp_path: Path) -> Path:
+    """`image_tree` as a .tar.gz under one top-level folder."""
+    return _write_tar(image_tree, tmp_path / "tiny.tar.gz")

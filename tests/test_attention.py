@@ -1,0 +1,118 @@
+"""Attention math against the tutorials' worked numbers and torch.nn.MultiheadAttention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vit.attention import (
+    Attention,
+    causal_mask,
+    default_kernel,
+    mask_and_renormalize,
+    scaled_dot_product_attention,
+)
+
+
+def test_softmax_worked_example() -> None:
+    out = torch.tensor([4.0, -1.0, 2.1]).softmax(dim=0)
+    assert torch.allclose(out, torch.tensor([0.8648, 0.0058, 0.1294]), atol=1e-4)
+
+
+def test_hello_shiny_sun_context_vector() -> None:
+    """Plain dot-product attention (no projections, no scaling) over three 3-d embeddings."""
+    x = torch.tensor([[0.34, 0.22, 0.54], [0.53, 0.34, 0.98], [0.29, 0.54, 0.93]])
+    scores = x @ x.T
+    weights = scores.softmax(dim=-1)
+    context = weights @ x
+    assert torch.allclose(context[1], torch.tensor([0.399, 0.386, 0.861]), atol=1e-3)
+    # the library function computes the same thing once its 1/sqrt(d_k) scale is undone
+    ctx, w = scaled_dot_product_attention(x * 3**0.5, x, x)
+    assert torch.allclose(ctx, context, atol=1e-6)
+    assert torch.allclose(w.sum(dim=-1), torch.ones(3))
+
+
+def test_scaled_dot_product_matches_formula_and_torch() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
+    ctx, w = scaled_dot_product_attention(q, k, v)
+    expected_w = (q @ k.transpose(-1, -2) / 8**0.5).softmax(-1)
+    assert w.shape == (2, 3, 5, 7)
+    assert torch.allclose(w, expected_w, atol=1e-6)
+    assert torch.allclose(ctx, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-5)
+
+
+def test_causal_mask_two_ways_agree() -> None:
+    """-inf above the diagonal before softmax == mask the weights and renormalise the rows."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(4, 6, 16), torch.randn(4, 6, 16), torch.randn(4, 6, 16)
+    mask = causal_mask(6)
+    _, w_inf = scaled_dot_product_attention(q, k, v, mask=mask)
+    _, w_plain = scaled_dot_product_attention(q, k, v)
+    w_renorm = mask_and_renormalize(w_plain, mask)
+    assert torch.allclose(w_inf, w_renorm, atol=1e-6)
+    assert torch.all(w_inf.triu(diagonal=1) == 0)  # nothing above the diagonal
+    assert torch.allclose(w_inf.sum(-1), torch.ones(4, 6))
+    # an additive mask (-inf) is the same as the boolean one
+    additive = torch.zeros(6, 6).masked_fill(~mask, float("-inf"))
+    _, w_add = scaled_dot_product_attention(q, k, v, mask=additive)
+    assert torch.allclose(w_add, w_inf)
+
+
+def test_attention_dropout_drops_weights_only_in_training() -> None:
+    torch.manual_seed(0)
+    q = k = v = torch.randn(2, 10, 8)
+    ctx_eval, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5, training=False)
+    ctx_ref, _ = scaled_dot_product_attention(q, k, v)
+    assert torch.equal(ctx_eval, ctx_ref)
+    ctx_train, w_train = scaled_dot_product_attention(q, k, v, dropout_p=0.5, training=True)
+    assert not torch.allclose(ctx_train, ctx_ref)
+    assert torch.allclose(w_train.sum(-1), torch.ones(2, 10))  # returned weights: before dropout
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_parity_with_torch_multihead_attention(masked: bool) -> None:
+    torch.manual_seed(0)
+    dim, heads = 24, 4
+    ours = Attention(dim, num_heads=heads, kernel="explicit")
+    ref = torch.nn.MultiheadAttention(dim, heads, batch_first=True)
+    with torch.no_grad():
+        ours.qkv.weight.copy_(ref.in_proj_weight)  # both stack q, k, v rows in that order
+        ours.qkv.bias.copy_(ref.in_proj_bias)
+        ours.proj.weight.copy_(ref.out_proj.weight)
+        ours.proj.bias.copy_(ref.out_proj.bias)
+    x = torch.randn(3, 9, dim)
+    mask = causal_mask(9) if masked else None
+    expected, ref_w = ref(
+        x,
+        x,
+        x,
+        attn_mask=None if mask is None else ~mask,  # torch: True = block
+        average_attn_weights=False,
+    )
+    out, weights = ours.forward_with_weights(x, mask=mask)
+    assert torch.allclose(ours(x, mask=mask), expected, atol=1e-5)
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert torch.allclose(weights, ref_w, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_equals_explicit(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    fused = Attention(48, num_heads=3, kernel="fused").to(dtype)
+    explicit = Attention(48, num_heads=3, kernel="explicit").to(dtype)
+    explicit.load_state_dict(fused.state_dict())
+    x = torch.randn(4, 65, 48, dtype=dtype)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert torch.allclose(fused(x), explicit(x), atol=tol)
+    with_weights, _ = fused.forward_with_weights(x)
+    assert torch.allclose(with_weights, fused(x), atol=tol)
+
+
+def test_kernel_choice_is_explicit_and_validated() -> None:
+    assert default_kernel(torch.device("cpu")) == "explicit"
+    assert default_kernel(torch.device("cuda")) == "fused"
+    with pytest.raises(ValueError, match="kernel='flash'"):
+        Attention(8, num_heads=2, kernel="flash")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not divisible by num_heads=3"):
+        Attention(8, num_heads=3)

@@ -1,0 +1,153 @@
+"""Tests for vit.augment: batched crop, flip and normalize on uint8 image tensors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision.transforms.functional as TF
+
+from vit.augment import TrainAugment, normalize, random_crop, random_hflip
+
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.2470, 0.2435, 0.2616)
+
+
+def _images(b: int = 8, h: int = 32, w: int = 32, *, seed: int = 0) -> torch.Tensor:
+    """Random uint8 images with no zero pixels, so zero padding is told apart from content."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 256, (b, 3, h, w), generator=g, dtype=torch.uint8)
+
+
+def _crop_offsets(images: torch.Tensor, out: torch.Tensor, padding: int) -> list[tuple[int, int]]:
+    """For each output image, the (top, left) window of the zero-padded input it equals exactly."""
+    padded = F.pad(images, (padding,) * 4)
+    h, w = images.shape[-2:]
+    offsets = []
+    for i in range(images.shape[0]):
+        hits = [
+            (top, left)
+            for top in range(2 * padding + 1)
+            for left in range(2 * padding + 1)
+            if torch.equal(padded[i, :, top : top + h, left : left + w], out[i])
+        ]
+        assert len(hits) == 1, f"image {i}: output is not exactly one window of the padded input"
+        offsets.append(hits[0])
+    return offsets
+
+
+@pytest.mark.parametrize("h, w", [(32, 32), (24, 40)])
+def test_shapes_and_dtype_kept(h: int, w: int) -> None:
+    images = _images(5, h, w)
+    for out in (random_crop(images), random_hflip(images), TrainAugment()(images)):
+        assert out.shape == images.shape
+        assert out.dtype == torch.uint8
+
+
+@pytest.mark.parametrize("h, w", [(32, 32), (24, 40)])
+def test_crop_output_is_a_window_of_the_padded_input(h: int, w: int) -> None:
+    images = _images(6, h, w)
+    out = random_crop(images, padding=4, generator=torch.Generator().manual_seed(1))
+    offsets = _crop_offsets(images, out, padding=4)
+    assert all(0 <= top <= 8 and 0 <= left <= 8 for top, left in offsets)
+
+
+def test_crop_offsets_differ_between_images_in_a_batch() -> None:
+    images = _images(48)
+    out = random_crop(images, padding=4, generator=torch.Generator().manual_seed(2))
+    offsets = _crop_offsets(images, out, padding=4)
+    # 48 draws from 81 offsets: ~35 distinct expected; one shared offset would give 1
+    assert len(set(offsets)) > 20
+    tops, lefts = zip(*offsets, strict=True)
+    assert min(tops) <= 1 and max(tops) >= 7 and min(lefts) <= 1 and max(lefts) >= 7
+
+
+def test_crop_padding_zero_is_identity_and_negative_raises() -> None:
+    images = _images()
+    assert torch.equal(random_crop(images, padding=0), images)
+    with pytest.raises(ValueError, match="padding must be >= 0, got -1"):
+        random_crop(images, padding=-1)
+
+
+def test_crop_and_flip_reject_unbatched_images() -> None:
+    with pytest.raises(ValueError, match=r"\(B, C, H, W\), got \(3, 32, 32\).*unsqueeze"):
+        random_crop(_images()[0])
+    with pytest.raises(ValueError, match="random_hflip"):
+        random_hflip(_images()[0])
+
+
+def test_flip_p0_is_identity_and_p1_mirrors_every_image() -> None:
+    images = _images()
+    assert torch.equal(random_hflip(images, p=0.0), images)
+    assert torch.equal(random_hflip(images, p=1.0), images.flip(-1))
+
+
+def test_flip_half_mirrors_some_images_whole() -> None:
+    images = _images(64)
+    out = random_hflip(images, p=0.5, generator=torch.Generator().manual_seed(3))
+    same = (out == images).flatten(1).all(1)
+    mirrored = (out == images.flip(-1)).flatten(1).all(1)
+    assert bool((same | mirrored).all()), "each image is either kept or mirrored as a whole"
+    assert 16 < int(mirrored.sum()) < 48
+
+
+def test_flip_rejects_a_probability_outside_0_1() -> None:
+    with pytest.raises(ValueError, match=r"p must be a probability in \[0, 1\], got 1.5"):
+        random_hflip(_images(), p=1.5)
+
+
+def test_normalize_matches_torchvision() -> None:
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    expected = TF.normalize(images.float() / 255, mean=list(MEAN), std=list(STD))
+    out = normalize(images, MEAN, STD)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+
+
+def test_normalize_rejects_float_input_and_wrong_channel_count() -> None:
+    with pytest.raises(ValueError, match="expects uint8 images.*got dtype torch.float32"):
+        normalize(torch.zeros(1, 3, 4, 4), MEAN, STD)
+    with pytest.raises(ValueError, match="2 means and 3 stds for 3 channels"):
+        normalize(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), MEAN[:2], STD)
+    with pytest.raises(ValueError, match="std values must all be > 0"):
+        normalize(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), MEAN, (1.0, 0.0, 1.0))
+
+
+def test_seeded_generator_is_deterministic() -> None:
+    images = _images(32)
+    augment = TrainAugment(padding=4, hflip=True)
+    first = augment(images, generator=torch.Generator().manual_seed(7))
+    again = augment(images, generator=torch.Generator().manual_seed(7))
+    other = augment(images, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+def test_train_augment_crops_then_flips() -> None:
+    images = _images(16)
+    out = TrainAugment(padding=2, hflip=True)(images, generator=torch.Generator().manual_seed(4))
+    crop = random_crop(images, padding=2, generator=torch.Generator().manual_seed(4))
+    # same generator stream: the crop draws come first, so un-flipping gives back the crop
+    flipped = ~(out == crop).flatten(1).all(1)
+    assert torch.equal(torch.where(flipped[:, None, None, None], out.flip(-1), out), crop)
+    assert 0 < int(flipped.sum()) < 16
+
+
+def test_train_augment_off_is_identity_and_validates_padding() -> None:
+    images = _images()
+    assert torch.equal(TrainAugment(padding=0, hflip=False)(images), images)
+    assert "padding=4, hflip=True" in repr(TrainAugment())
+    with pytest.raises(ValueError, match="padding must be an int >= 0, got -2"):
+        TrainAugment(padding=-2)
+
+
+def test_augment_imports_torch_only() -> None:
+    code = (
+        "import sys, vit.augment; "
+        "bad = [m for m in ('lightning', 'torchvision', 'PIL') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,167 @@
+"""VisionTransformer: shapes, config errors, both attention paths, gradients, overfitting, purity."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from einops import rearrange
+
+from tests.conftest import TINY
+from vit.embed import PatchEmbed, resize_pos_embed, sinusoidal_table
+from vit.model import PRESETS, VisionTransformer, create_model
+
+
+def test_forward_shapes_and_timm_names(tiny_model: VisionTransformer) -> None:
+    x = torch.randn(3, 3, 32, 32)
+    assert tiny_model(x).shape == (3, 10)
+    assert tiny_model.forward_features(x).shape == (3, 1 + 16, 32)
+    names = set(tiny_model.state_dict())
+    for name in (
+        "cls_token",
+        "pos_embed",
+        "patch_embed.proj.weight",
+        "blocks.0.norm1.weight",
+        "blocks.0.attn.qkv.weight",
+        "blocks.0.attn.proj.weight",
+        "blocks.1.norm2.bias",
+        "blocks.1.mlp.fc1.weight",
+        "blocks.1.mlp.fc2.weight",
+        "norm.weight",
+        "head.weight",
+    ):
+        assert name in names
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_build_and_run(preset: str) -> None:
+    model = create_model(preset)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_vit_tiny_matches_the_benchmark_size() -> None:
+    n = sum(p.numel() for p in create_model("vit_tiny").parameters())
+    assert 2.6e6 < n < 2.8e6  # width 192, depth 6, MLP 768, patch 4: "about 2.7 M"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(img_size=32, patch_size=5), "not divisible by patch_size=5"),
+        (dict(patch_size=64), "larger than img_size"),
+        (dict(embed_dim=30, num_heads=4), "not divisible by num_heads=4"),
+        (dict(depth=0), "depth=0 must be a positive integer"),
+        (dict(num_classes=-1), "num_classes=-1"),
+        (dict(drop_rate=1.5), "drop_rate=1.5 must be in"),
+        (dict(mlp_ratio=0), "mlp_ratio=0"),
+        (dict(global_pool="token", class_token=False), "needs class_token=True"),
+        (dict(pos_embed="rotary"), "pos_embed='rotary'"),
+    ],
+)
+def test_bad_config_fails_at_construction(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        VisionTransformer(**{**TINY, **overrides})
+
+
+def test_unknown_preset() -> None:
+    with pytest.raises(ValueError, match="unknown preset 'vit_huge'.*vit_tiny"):
+        create_model("vit_huge")
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 32, 32), (2, 3, 28, 28), (3, 32, 32), (2, 3, 32, 48)])
+def test_wrong_input_shape_names_the_expected_shape(tiny_model, shape) -> None:
+    with pytest.raises(ValueError, match=r"expected images of shape \(B, 3, 32, 32\)"):
+        tiny_model(torch.randn(*shape))
+
+
+@pytest.mark.parametrize("kernel", ["explicit", "fused"])
+def test_forward_with_attention_equals_forward(kernel: str) -> None:
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY, kernel=kernel).eval()
+    x = torch.randn(4, 3, 32, 32)
+    logits, maps = model.forward_with_attention(x)
+    assert torch.allclose(logits, model(x), atol=1e-5)
+    assert len(maps) == TINY["depth"]
+    for w in maps:
+        assert w.shape == (4, TINY["num_heads"], 17, 17)
+        assert torch.all(w >= 0)
+        assert torch.allclose(w.sum(-1), torch.ones(4, TINY["num_heads"], 17), atol=1e-5)
+
+
+def test_every_parameter_gets_a_gradient(tiny_model: VisionTransformer) -> None:
+    tiny_model(torch.randn(2, 3, 32, 32)).sum().backward()
+    for name, p in tiny_model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_patch_embed_conv_equals_rearrange_and_linear() -> None:
+    torch.manual_seed(0)
+    pe = PatchEmbed(img_size=32, patch_size=4, in_chans=3, embed_dim=16)
+    x = torch.randn(2, 3, 32, 32)
+    patches = rearrange(x, "b c (gh p1) (gw p2) -> b (gh gw) (c p1 p2)", p1=4, p2=4)
+    weight = pe.proj.weight.reshape(16, -1)  # (D, C*p*p), same (c, p1, p2) order
+    assert torch.allclose(pe(x), patches @ weight.T + pe.proj.bias, atol=1e-5)
+
+
+def test_sinusoidal_table_values() -> None:
+    table = sinusoidal_table(50, 8)
+    assert table.shape == (50, 8)
+    assert torch.allclose(table[0], torch.tensor([0.0, 1, 0, 1, 0, 1, 0, 1]))
+    pos, i = 7, 1  # PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...)
+    angle = torch.tensor(pos / 10000 ** (2 * i / 8))
+    assert torch.allclose(table[pos, 2 * i], angle.sin()) and torch.allclose(
+        table[pos, 3], angle.cos()
+    )
+    with pytest.raises(ValueError, match="even width"):
+        sinusoidal_table(4, 5)
+
+
+def test_sincos_model_has_fixed_positions() -> None:
+    model = VisionTransformer(**TINY, pos_embed="sincos")
+    assert "pos_embed" not in dict(model.named_parameters())
+    assert torch.allclose(model.pos_embed[0], sinusoidal_table(17, 32))
+
+
+def test_mean_pooling_without_class_token() -> None:
+    model = VisionTransformer(**TINY, class_token=False, global_pool="avg")
+    assert model.forward_features(torch.randn(2, 3, 32, 32)).shape == (2, 16, 32)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_resize_pos_embed_keeps_cls_and_interpolates() -> None:
+    pos = torch.randn(1, 1 + 16, 8)
+    bigger = resize_pos_embed(pos, new_grid=6)
+    assert bigger.shape == (1, 37, 8)
+    assert torch.equal(bigger[:, 0], pos[:, 0])
+    assert torch.equal(resize_pos_embed(pos, new_grid=4), pos)
+
+
+def test_state_dict_round_trip_is_exact(tiny_model: VisionTransformer) -> None:
+    other = VisionTransformer(**TINY)
+    other.load_state_dict(tiny_model.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(other.eval()(x), tiny_model.eval()(x))
+
+
+def test_tiny_model_overfits_a_tiny_batch(tiny_model: VisionTransformer) -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 3, 32, 32), torch.arange(16) % 10
+    opt = torch.optim.AdamW(tiny_model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = torch.nn.functional.cross_entropy(tiny_model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    assert (tiny_model(x).argmax(-1) == y).all()
+
+
+def test_model_code_does_not_import_lightning() -> None:
+    code = (
+        "import sys, vit.model, vit.attention, vit.block, vit.embed, vit.checkpoint, vit.evaluate\n"
+        "bad = [m for m in ('lightning', 'torchmetrics', 'pytorch_lightning') if m in sys.modules]\n"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,132 @@
+"""Scaled dot-product attention, masks and multi-head self-attention (https://arxiv.org/abs/1706.03762).
+
+This is the one file that builds the attention matrix or calls PyTorch's fused kernel. The explicit
+path computes softmax(q k^T / sqrt(d_k)) v step by step and can return the weights; the fused path
+(F.scaled_dot_product_attention) never materialises them. `Attention` keeps both behind one small,
+explicit choice (`kernel`), and a test holds them equal.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+Kernel = Literal["auto", "fused", "explicit"]
+KERNELS: tuple[str, ...] = ("auto", "fused", "explicit")
+
+
+def causal_mask(n: int, *, device: torch.device | str | None = None) -> Tensor:
+    """Boolean (n, n) mask, True where query i may attend to key j (j <= i)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    training: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Attention the explicit way: returns (context, weights).
+
+    q: (..., N, d_k), k: (..., M, d_k), v: (..., M, d_v), any leading dims.
+    mask: broadcastable to (..., N, M); boolean (True = attend, as in PyTorch) or additive (float,
+    added to the scores, -inf to block). `weights` are after softmax and before dropout.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., N, M)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    weights = scores.softmax(dim=-1)
+    dropped = F.dropout(weights, p=dropout_p, training=training) if dropout_p > 0 else weights
+    return dropped @ v, weights
+
+
+def mask_and_renormalize(weights: Tensor, mask: Tensor) -> Tensor:
+    """The tutorials' second way to mask: zero the blocked weights, then rescale rows to sum to 1.
+
+    Applied to softmax(scores) this equals softmax of the scores with -inf at blocked places, since
+    softmax's denominator cancels: exp(s_j) / sum_{allowed} exp(s_i).
+    """
+    masked = weights.masked_fill(~mask, 0.0)
+    return masked / masked.sum(dim=-1, keepdim=True)
+
+
+def default_kernel(device: torch.device) -> Literal["fused", "explicit"]:
+    """The kernel `auto` picks: fused on accelerators, explicit on CPU.
+
+    Measured, not assumed: on the 2-core AMX CPU this project trains on, with 65 tokens, the fused
+    CPU kernel is slower than matmul-softmax-matmul in training (experiments/benchmarks/NOTES.md).
+    """
+    return "explicit" if device.type == "cpu" else "fused"
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with timm's layout: one `qkv` projection and an output `proj`."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        kernel: Kernel = "auto",
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim={dim} is not divisible by num_heads={num_heads}; each head gets "
+                f"embed_dim / num_heads channels, so pick num_heads among the divisors of {dim}."
+            )
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel={kernel!r} is not one of {KERNELS}.")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.attn_drop = attn_drop
+        self.kernel: Kernel = kernel
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        qkv = self.qkv(x)  # (B, N, 3 * H * D)
+        q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+        return q, k, v
+
+    def _out(self, ctx: Tensor) -> Tensor:
+        ctx = rearrange(ctx, "b h n d -> b n (h d)")  # concatenate the heads
+        return self.proj_drop(self.proj(ctx))
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """x: (B, N, C) -> (B, N, C), with the kernel chosen by `kernel` (auto: per device)."""
+        q, k, v = self._qkv(x)  # (B, H, N, D) each
+        dropout_p = self.attn_drop if self.training else 0.0
+        kernel = default_kernel(x.device) if self.kernel == "auto" else self.kernel
+        if kernel == "fused":
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        else:
+            ctx, _ = scaled_dot_product_attention(
+                q, k, v, mask=mask, dropout_p=dropout_p, training=self.training
+            )
+        return self._out(ctx)
+
+    def forward_with_weights(
+        self, x: Tensor, *, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Like forward, always on the explicit path; also returns weights (B, H, N, N)."""
+        q, k, v = self._qkv(x)
+        ctx, weights = scaled_dot_product_attention(
+            q, k, v, mask=mask, dropout_p=self.attn_drop, training=self.training
+        )
+        return self._out(ctx), weights

@@ -1,0 +1,118 @@
+"""Batched augmentation on uint8 image tensors (B, C, H, W): crop, flip, normalize whole batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _check_batch(images: Tensor, *, name: str) -> None:
+    if not isinstance(images, Tensor) or images.dim() != 4:
+        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise ValueError(
+            f"{name} expects a batch of images shaped (B, C, H, W), got {shape}; "
+            "add a batch dimension with images.unsqueeze(0) for a single image."
+        )
+
+
+def _draw_device(images: Tensor, generator: torch.Generator | None) -> torch.device:
+    """Draw on the generator's device: a CPU generator may drive a GPU batch."""
+    return generator.device if generator is not None else images.device
+
+
+def _expand_channels(index: Tensor, *, channels: int) -> Tensor:
+    """(B, H, W) plane indices -> (B, C, H*W), the same for every channel."""
+    b = index.shape[0]
+    return index.reshape(b, 1, -1).expand(b, channels, -1)
+
+
+def random_crop(
+    images: Tensor, *, padding: int = 4, generator: torch.Generator | None = None
+) -> Tensor:
+    """Zero-pad each image by `padding` on every side, then cut a random H x W window per image.
+
+    Every image gets its own offsets; the crop is one gather, with no Python loop over images.
+    """
+    _check_batch(images, name="random_crop")
+    if padding < 0:
+        raise ValueError(f"random_crop padding must be >= 0, got {padding}; use 0 to disable it.")
+    if padding == 0:
+        return images
+    b, c, h, w = images.shape
+    hp, wp = h + 2 * padding, w + 2 * padding
+    padded = F.pad(images, (padding, padding, padding, padding))  # (B, C, Hp, Wp)
+    device = _draw_device(images, generator)
+    offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator, device=device)
+    top, left = offsets.to(images.device)  # (B,), (B,): window corners in [0, 2p]
+    rows = top[:, None] + torch.arange(h, device=images.device)  # (B, H)
+    cols = left[:, None] + torch.arange(w, device=images.device)  # (B, W)
+    # flat index of each window pixel in the (Hp * Wp) plane; one gather is ~5x faster than
+    # 4-D advanced indexing on CPU
+    flat = _expand_channels(rows[:, :, None] * wp + cols[:, None, :], channels=c)  # (B, C, H*W)
+    out = padded.reshape(b, c, hp * wp).gather(2, flat)
+    return out.view(b, c, h, w)
+
+
+def random_hflip(
+    images: Tensor, *, p: float = 0.5, generator: torch.Generator | None = None
+) -> Tensor:
+    """Mirror each image left-right with probability `p`, drawn independently per image."""
+    _check_batch(images, name="random_hflip")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"random_hflip p must be a probability in [0, 1], got {p}.")
+    b, c, h, w = images.shape
+    device = _draw_device(images, generator)
+    flip = torch.rand(b, generator=generator, device=device).to(images.device) < p  # (B,)
+    j = torch.arange(w, device=images.device)
+    cols = torch.where(flip[:, None], w - 1 - j, j)  # (B, W): source column of each output column
+    # a gather keeps it free of host syncs on GPU (unlike boolean indexing) and beats torch.where
+    # over two full batches on CPU
+    return images.gather(3, cols[:, None, None, :].expand(b, c, h, w))
+
+
+def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """uint8 images -> float32 in [0, 1] -> (x - mean) / std per channel."""
+    _check_batch(images, name="normalize")
+    if images.dtype != torch.uint8:
+        raise ValueError(
+            f"normalize expects uint8 images (0-255), got dtype {images.dtype}; "
+            "pass the raw uint8 batch, it divides by 255 itself."
+        )
+    channels = images.shape[1]
+    if len(mean) != channels or len(std) != channels:
+        raise ValueError(
+            f"normalize got {len(mean)} means and {len(std)} stds for {channels} channels; "
+            "give one mean and one std per channel."
+        )
+    if any(s <= 0 for s in std):
+        raise ValueError(f"normalize std values must all be > 0, got {tuple(std)}.")
+    mean_t = torch.tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    return images.float().div_(255.0).sub_(mean_t).div_(std_t)
+
+
+class TrainAugment(nn.Module):
+    """The CIFAR-10 training augmentation: random crop with zero padding, then random flip."""
+
+    def __init__(self, *, padding: int = 4, hflip: bool = True) -> None:
+        super().__init__()
+        if not isinstance(padding, int) or padding < 0:
+            raise ValueError(
+                f"TrainAugment padding must be an int >= 0, got {padding!r}; "
+                "use 0 to turn cropping off."
+            )
+        self.padding = padding
+        self.hflip = bool(hflip)
+
+    def forward(self, images: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+        """(B, C, H, W) uint8 -> (B, C, H, W) uint8, augmented per image."""
+        images = random_crop(images, padding=self.padding, generator=generator)
+        if self.hflip:
+            images = random_hflip(images, p=0.5, generator=generator)
+        return images
+
+    def extra_repr(self) -> str:
+        return f"padding={self.padding}, hflip={self.hflip}"

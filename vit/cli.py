@@ -1,0 +1,153 @@
+"""Entry points: `vit-train` (a LightningCLI) and `vit-evaluate` (checkpoint -> metrics JSON + figure)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from vit.checkpoint import load_model
+from vit.data import CIFAR10DataModule
+from vit.evaluate import evaluate_loader
+from vit.lit_module import ViTClassifier
+
+log = logging.getLogger(__name__)
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+class ViTCLI(LightningCLI):
+    """LightningCLI with the image size linked from data to model, one run folder shared by all
+    loggers, and `--test_after_fit` to score the best checkpoint on the test split when fit ends."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.image_size", "model.img_size")
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=False,
+            help="after fit, evaluate the best checkpoint (by val/acc) on the test split once",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        share_logger_version(config.trainer.logger)
+
+    def after_fit(self) -> None:
+        if self.config.fit.test_after_fit and not self.trainer.fast_dev_run:
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
+
+
+def share_logger_version(loggers: Any) -> None:
+    """Give loggers that share save_dir/name one version, so CSV and TensorBoard logs and the
+    checkpoints of a run land in one folder: save_dir/name/version_N."""
+    if not isinstance(loggers, list):
+        return
+    args = [getattr(lg, "init_args", None) for lg in loggers]
+    args = [a for a in args if a is not None and "save_dir" in a and a.get("version") is None]
+    if len(args) < 2:
+        return
+    taken = set()
+    for a in args:
+        folder = Path(a.save_dir) / (a.get("name") or "")
+        taken |= {p.name for p in folder.glob("version_*")} if folder.is_dir() else set()
+    n = 0
+    while f"version_{n}" in taken:
+        n += 1
+    for a in args:
+        a.version = f"version_{n}"
+
+
+def train_main(args: list[str] | None = None) -> None:
+    """`vit-train [fit|validate|test|predict] -c experiments/quick.yaml [--key value ...]`.
+
+    With no subcommand, `fit` is assumed.
+    """
+    args = list(sys.argv[1:] if args is None else args)
+    if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
+        args = ["fit", *args]
+    torch.set_float32_matmul_precision("high")
+    ViTCLI(
+        ViTClassifier,
+        CIFAR10DataModule,
+        args=args,
+        save_config_kwargs={"overwrite": True},
+    )
+
+
+def evaluate_main(argv: list[str] | None = None) -> dict[str, Any]:
+    """`vit-evaluate CHECKPOINT [--split test] [--data-dir ...] [--output-dir ...]`."""
+    parser = argparse.ArgumentParser(
+        prog="vit-evaluate",
+        description="Top-1, top-5 and per-class accuracy of a checkpoint, written as JSON, with a "
+        "confusion-matrix PNG.",
+    )
+    parser.add_argument("checkpoint", type=Path, help="a .ckpt written by vit-train")
+    parser.add_argument("--split", choices=("test", "val"), default="test")
+    parser.add_argument(
+        "--source",
+        choices=("folder", "cifar10"),
+        default=None,
+        help="data source (default: the one the checkpoint was trained with)",
+    )
+    parser.add_argument(
+        "--data-dir", default=None, help="data folder or archive (default: as trained)"
+    )
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--precision", choices=("32", "bf16"), default="32")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="where metrics.json and confusion_matrix.png go "
+        "(default: an eval/ folder beside the checkpoint)",
+    )
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    model, ckpt = load_model(ns.checkpoint)
+    hparams = ckpt.get("hyper_parameters") or {}
+    accepted = inspect.signature(CIFAR10DataModule.__init__).parameters
+    saved = ckpt.get("datamodule_hyper_parameters") or {}
+    ckpt_data = {k: v for k, v in saved.items() if k in accepted}  # drops LightningCLI's own keys
+    del ckpt  # optimizer state: not needed here
+    overrides = {"source": ns.source, "data_dir": ns.data_dir, "cache_dir": ns.cache_dir}
+    data_args = {**ckpt_data, **{k: v for k, v in overrides.items() if v is not None}}
+    data_args["eval_batch_size"] = ns.batch_size
+    dm = CIFAR10DataModule(**data_args)
+    dm.prepare_data()
+    dm.setup("test" if ns.split == "test" else "validate")
+    loader = dm.test_dataloader() if ns.split == "test" else dm.val_dataloader()
+    classes = list(hparams.get("class_names") or dm.classes)
+    result = evaluate_loader(
+        model,
+        loader,
+        preprocess=dm.preprocess,
+        classes=classes,
+        dtype=torch.bfloat16 if ns.precision == "bf16" else None,
+    )
+    result.update(checkpoint=str(ns.checkpoint), split=ns.split, data=data_args)
+
+    out = ns.output_dir or ns.checkpoint.parent.parent / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    from vit.plots import plot_confusion_matrix  # matplotlib only when writing figures
+
+    confusion = result.pop("confusion_matrix")
+    fig = plot_confusion_matrix(
+        torch.tensor(confusion), classes=classes, title=f"{ns.split}: top-1 {result['top1']:.2%}"
+    )
+    fig.savefig(out / f"confusion_matrix_{ns.split}.png", dpi=120, bbox_inches="tight")
+    result["confusion_matrix"] = confusion
+    (out / f"metrics_{ns.split}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "confusion_matrix"}, indent=2))
+    print(
+        f"wrote {out / f'metrics_{ns.split}.json'} and {out / f'confusion_matrix_{ns.split}.png'}"
+    )
+    return result

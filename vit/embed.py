@@ -1,0 +1,80 @@
+"""Patch embedding and positional vectors (https://arxiv.org/abs/2010.11929, https://arxiv.org/abs/1706.03762)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class PatchEmbed(nn.Module):
+    """Split an image into non-overlapping p x p patches and project each linearly to `embed_dim`.
+
+    A stride-p convolution with a p x p kernel is exactly "flatten each patch, multiply by one
+    matrix": the same linear map, computed in one call (a test holds the two equal).
+    """
+
+    def __init__(
+        self, *, img_size: int = 32, patch_size: int = 4, in_chans: int = 3, embed_dim: int = 192
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("img_size", img_size),
+            ("patch_size", patch_size),
+            ("in_chans", in_chans),
+            ("embed_dim", embed_dim),
+        ):
+            if value < 1:
+                raise ValueError(f"{name}={value} must be a positive integer.")
+        if img_size % patch_size != 0:
+            raise ValueError(
+                f"img_size={img_size} is not divisible by patch_size={patch_size}: the image must "
+                f"split into whole patches. Pick a patch_size that divides {img_size} (e.g. 2, 4, 8 "
+                f"for 32x32 images)."
+            )
+        self.img_size = img_size
+        self.patch_size = patch_size
+        self.in_chans = in_chans
+        self.grid_size = img_size // patch_size
+        self.num_patches = self.grid_size**2
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, C, H, W) images -> (B, grid*grid, embed_dim) patch vectors, row by row."""
+        if x.ndim != 4 or x.shape[1:] != (self.in_chans, self.img_size, self.img_size):
+            raise ValueError(
+                f"expected images of shape (B, {self.in_chans}, {self.img_size}, {self.img_size}), "
+                f"got {tuple(x.shape)}. Resize or convert the input, or build the model with "
+                f"img_size/in_chans matching it (checkpoints can be loaded at another image size)."
+            )
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, g, g) -> (B, g*g, D)
+
+
+def sinusoidal_table(num_positions: int, dim: int, *, base: float = 10000.0) -> Tensor:
+    """The fixed table of "Attention is all you need": (num_positions, dim).
+
+    PE[pos, 2i] = sin(pos / base^(2i/dim)),  PE[pos, 2i+1] = cos(pos / base^(2i/dim)).
+    """
+    if dim % 2 != 0:
+        raise ValueError(f"sinusoidal positions need an even width, got embed_dim={dim}.")
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
+    table = torch.zeros(num_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)
+    return table.float()
+
+
+def resize_pos_embed(pos_embed: Tensor, *, new_grid: int, num_prefix_tokens: int = 1) -> Tensor:
+    """Resize learned positions (1, prefix + g*g, D) to a new g' x g' patch grid, keeping prefix tokens."""
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    old_grid = int(round(grid.shape[1] ** 0.5))
+    if old_grid * old_grid != grid.shape[1]:
+        raise ValueError(f"position table has {grid.shape[1]} patch entries, not a square grid.")
+    if old_grid == new_grid:
+        return pos_embed
+    grid = grid.reshape(1, old_grid, old_grid, -1).permute(0, 3, 1, 2)  # (1, D, g, g)
+    grid = nn.functional.interpolate(
+        grid.float(), size=(new_grid, new_grid), mode="bicubic", align_corners=False
+    ).to(pos_embed.dtype)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, -1)
+    return torch.cat([prefix, grid], dim=1)

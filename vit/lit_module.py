@@ -1,0 +1,213 @@
+"""ViTClassifier: the LightningModule that trains a VisionTransformer (loss, metrics, optimizer, schedule)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from vit.attention import Kernel
+from vit.model import VisionTransformer, model_config
+
+Stage = Literal["train", "val", "test"]
+
+
+class ViTClassifier(L.LightningModule):
+    """Cross-entropy with label smoothing, AdamW, linear warm-up then cosine decay per step.
+
+    Model sizes come from `preset`; any size argument left at None takes the preset's value, so a
+    config can say `preset: vit_tiny` and override one thing. Plain values only, so that
+    hparams.yaml is clean and `ViTClassifier.load_from_checkpoint(path)` works without the CLI.
+    """
+
+    def __init__(
+        self,
+        *,
+        preset: str = "vit_tiny",
+        img_size: int = 32,
+        patch_size: int = 4,
+        num_classes: int = 10,
+        embed_dim: int | None = None,
+        depth: int | None = None,
+        num_heads: int | None = None,
+        mlp_ratio: float | None = None,
+        qkv_bias: bool = True,
+        class_token: bool = True,
+        global_pool: Literal["token", "avg"] = "token",
+        pos_embed: Literal["learned", "sincos"] = "learned",
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        kernel: Kernel = "auto",
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_epochs: float = 1.0,
+        min_lr: float = 0.0,
+        label_smoothing: float = 0.1,
+        class_names: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        _check_training_config(
+            lr=lr,
+            weight_decay=weight_decay,
+            warmup_epochs=warmup_epochs,
+            min_lr=min_lr,
+            label_smoothing=label_smoothing,
+            betas=betas,
+        )
+        self.model = VisionTransformer(
+            **model_config(
+                preset,
+                img_size=img_size,
+                patch_size=patch_size,
+                num_classes=num_classes,
+                embed_dim=embed_dim,
+                depth=depth,
+                num_heads=num_heads,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                class_token=class_token,
+                global_pool=global_pool,
+                pos_embed=pos_embed,
+                drop_rate=drop_rate,
+                attn_drop_rate=attn_drop_rate,
+                drop_path_rate=drop_path_rate,
+                kernel=kernel,
+            )
+        )
+        # One metric object per stage and k, so that states never mix (Lightning's advice).
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_acc{k}": MulticlassAccuracy(num_classes=num_classes, top_k=k)
+                for stage in ("train", "val", "test")
+                for k in sorted({1, min(5, num_classes)})
+            }
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x)
+
+    def setup(self, stage: str) -> None:
+        """Check that the data's classes match the head, and remember their names."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        classes = getattr(dm, "classes", None)
+        if classes is None:
+            return
+        if len(classes) != self.hparams.num_classes:
+            raise ValueError(
+                f"the data has {len(classes)} classes ({', '.join(classes)}) but the model was "
+                f"built with num_classes={self.hparams.num_classes}; set model.num_classes: "
+                f"{len(classes)} in the config."
+            )
+        if self.hparams.class_names is None:
+            self.hparams.class_names = list(classes)
+
+    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: Stage) -> Tensor:
+        images, labels = batch
+        logits = self(images).float()
+        smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
+        loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
+        on_step = stage == "train"
+        self.log(
+            f"{stage}/loss",
+            loss,
+            on_step=on_step,
+            on_epoch=True,
+            prog_bar=True,
+            sync_dist=stage != "train",
+        )
+        for k in sorted({1, min(5, self.hparams.num_classes)}):
+            metric = self.metrics[f"{stage}_acc{k}"]
+            metric(logits, labels)
+            name = f"{stage}/acc" if k == 1 else f"{stage}/acc{k}"
+            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=k == 1)
+        return loss
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = self._shared_step(batch, "train")
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._shared_step(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._shared_step(batch, "test")
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self(images).float().softmax(dim=-1)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(
+            param_groups(self.model, weight_decay=hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas)
+        )
+        total = int(self.trainer.estimated_stepping_batches)
+        epochs = self.trainer.max_epochs
+        if epochs is None or epochs < 1:
+            raise ValueError("set trainer.max_epochs: the learning-rate schedule ends with it.")
+        warmup = round(total * hp.warmup_epochs / epochs)
+        schedule = WarmupCosine(total_steps=total, warmup_steps=warmup, min_ratio=hp.min_lr / hp.lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+
+def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: decay matrices; spare biases, norms, the CLS token and positions."""
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+class WarmupCosine:
+    """LR multiplier: linear from ~0 to 1 over warmup_steps, then cosine down to min_ratio at total."""
+
+    def __init__(self, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> None:
+        self.total, self.warmup, self.min_ratio = total_steps, warmup_steps, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _check_training_config(
+    *,
+    lr: float,
+    weight_decay: float,
+    warmup_epochs: float,
+    min_lr: float,
+    label_smoothing: float,
+    betas: tuple[float, float],
+) -> None:
+    if not lr > 0:
+        raise ValueError(f"lr={lr} must be positive (1e-3 is a good start for AdamW on a ViT).")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay={weight_decay} must be >= 0.")
+    if warmup_epochs < 0:
+        raise ValueError(f"warmup_epochs={warmup_epochs} must be >= 0.")
+    if not 0 <= min_lr <= lr:
+        raise ValueError(f"min_lr={min_lr} must be between 0 and lr={lr}.")
+    if not 0 <= label_smoothing < 1:
+        raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1).")
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ValueError(f"betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.999].")

@@ -1,0 +1,183 @@
+"""VisionTransformer in plain PyTorch, with timm's names (https://arxiv.org/abs/2010.11929).
+
+Image -> patches -> linear projection -> [CLS] + patch vectors + positions -> encoder blocks ->
+final LayerNorm -> linear head on the CLS vector (or on the mean of the patch vectors).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from vit.attention import Kernel
+from vit.block import Block
+from vit.embed import PatchEmbed, sinusoidal_table
+
+# Presets sized for 32x32 images with 4x4 patches (64 patches + CLS = 65 tokens).
+PRESETS: dict[str, dict[str, Any]] = {
+    "vit_nano": dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0),  # ~0.8 M params
+    "vit_tiny": dict(embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0),  # ~2.7 M params
+    "vit_lite": dict(embed_dim=256, depth=7, num_heads=4, mlp_ratio=2.0),  # ~3.7 M params
+    "vit_small": dict(embed_dim=384, depth=6, num_heads=6, mlp_ratio=4.0),  # ~10.7 M params
+}
+
+
+class VisionTransformer(nn.Module):
+    """A ViT classifier. All arguments are keyword-only; see PRESETS for tested sizes."""
+
+    def __init__(
+        self,
+        *,
+        img_size: int = 32,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        num_classes: int = 10,
+        embed_dim: int = 192,
+        depth: int = 6,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        class_token: bool = True,
+        global_pool: Literal["token", "avg"] = "token",
+        pos_embed: Literal["learned", "sincos"] = "learned",
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        kernel: Kernel = "auto",
+    ) -> None:
+        super().__init__()
+        _check_config(locals())
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.embed_dim = embed_dim
+        self.patch_embed = PatchEmbed(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim
+        )
+        num_tokens = self.num_prefix_tokens + self.patch_embed.num_patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, embed_dim))
+        else:
+            self.register_buffer("pos_embed", sinusoidal_table(num_tokens, embed_dim)[None])
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        rates = torch.linspace(0, drop_path_rate, depth).tolist()  # deeper blocks drop more
+        self.blocks = nn.ModuleList(
+            Block(
+                embed_dim,
+                num_heads=num_heads,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                drop=drop_rate,
+                attn_drop=attn_drop_rate,
+                drop_path=rate,
+                kernel=kernel,
+            )
+            for rate in rates
+        )
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """timm's ViT init: truncated normal (std 0.02) for positions and linear weights."""
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        w = self.patch_embed.proj.weight  # a linear map of a flattened patch: LeCun-style init
+        nn.init.trunc_normal_(w, std=(1.0 / w[0].numel()) ** 0.5)
+        nn.init.zeros_(self.patch_embed.proj.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names (besides biases and norms) that AdamW should not decay."""
+        return {"cls_token", "pos_embed"}
+
+    def embed(self, x: Tensor) -> Tensor:
+        """(B, C, H, W) -> (B, N, D) tokens: patch vectors, CLS prepended, positions added."""
+        x = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.pos_drop(x + self.pos_embed)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        """(B, N, D) tokens -> (B, num_classes) logits."""
+        if self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)
+        else:
+            x = x[:, 0]
+        return self.head(self.head_drop(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """Logits and each layer's attention weights, (B, heads, N, N), after softmax.
+
+        Runs the explicit attention path whatever `kernel` the normal forward uses, and computes
+        the same function: a test holds its logits equal to forward's.
+        """
+        x = self.embed(x)
+        maps = []
+        for block in self.blocks:
+            x, weights = block.forward_with_attention(x)
+            maps.append(weights)
+        return self.forward_head(self.norm(x)), maps
+
+
+def model_config(preset: str, **overrides: Any) -> dict[str, Any]:
+    """Constructor arguments of a preset, with every override that is not None applied."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}.")
+    return {**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
+
+
+def create_model(preset: str, **overrides: Any) -> VisionTransformer:
+    """Build a preset by name, with any constructor argument overridden."""
+    return VisionTransformer(**model_config(preset, **overrides))
+
+
+def _check_config(cfg: dict[str, Any]) -> None:
+    """Fail at construction, with the fix, on values that cannot make a model."""
+    for key in ("num_classes", "embed_dim", "depth", "num_heads"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"{key}={cfg[key]!r} must be a positive integer.")
+    if cfg["mlp_ratio"] <= 0:
+        raise ValueError(f"mlp_ratio={cfg['mlp_ratio']} must be positive (4.0 is usual).")
+    for key in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "drop_path_rate"):
+        if not 0.0 <= cfg[key] < 1.0:
+            raise ValueError(f"{key}={cfg[key]} must be in [0, 1); it is a probability.")
+    if cfg["patch_size"] > cfg["img_size"]:
+        raise ValueError(
+            f"patch_size={cfg['patch_size']} is larger than img_size={cfg['img_size']}; "
+            f"use a patch that divides the image, e.g. 4 for 32x32."
+        )
+    if cfg["global_pool"] not in ("token", "avg"):
+        raise ValueError(f"global_pool={cfg['global_pool']!r} must be 'token' or 'avg'.")
+    if cfg["global_pool"] == "token" and not cfg["class_token"]:
+        raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'.")
+    if cfg["pos_embed"] not in ("learned", "sincos"):
+        raise ValueError(f"pos_embed={cfg['pos_embed']!r} must be 'learned' or 'sincos'.")
+    if cfg["embed_dim"] % cfg["num_heads"] != 0:
+        raise ValueError(
+            f"embed_dim={cfg['embed_dim']} is not divisible by num_heads={cfg['num_heads']}; "
+            f"pick num_heads among the divisors of {cfg['embed_dim']}."
+        )
