@@ -78,3 +78,53 @@ def image_tree(tmp_path: Path) -> Path:
 def image_tree_tgz(image_tree: Path, tmp_path: Path) -> Path:
     """`image_tree` as a .tar.gz under one top-level folder."""
     return _write_tar(image_tree, tmp_path / "tiny.tar.gz")
+
+
+# ---- a tiny training run, shared by the tests that need a checkpoint -----------------------
+
+TINY_MODEL_ARGS = [
+    "--model.preset=vit_nano",
+    "--model.patch_size=8",
+    "--model.embed_dim=32",
+    "--model.depth=2",
+    "--model.num_heads=2",
+    "--model.warmup_epochs=0.5",
+]
+
+
+def train_args(data_dir: Path, runs: Path, *extra: str) -> list[str]:
+    """vit-train arguments for a tiny model on a tiny image tree, logging to runs/tiny."""
+    logger = (
+        '[{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": '
+        f'{{"save_dir": "{runs}", "name": "tiny"}}}}, '
+        '{"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": '
+        f'{{"save_dir": "{runs}", "name": "tiny"}}}}]'
+    )
+    checkpoint = (
+        '[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+        '{"monitor": "val/acc", "mode": "max", "save_last": true}}]'
+    )
+    return [
+        "fit",
+        *TINY_MODEL_ARGS,
+        "--model.num_classes=3",
+        f"--data.data_dir={data_dir}",
+        f"--data.cache_dir={runs / 'cache'}",
+        "--data.batch_size=8",
+        "--data.val_size=6",
+        "--trainer.max_epochs=2",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger={logger}",
+        f"--trainer.callbacks={checkpoint}",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """last.ckpt of a 2-epoch run of a tiny model on a tiny 3-class image tree."""
+    from vit.cli import train_main
+
+    root = tmp_path_factory.mktemp("tiny_run")
+    train_main(train_args(_write_image_tree(root / "tiny"), root / "runs"))
+    return root / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"

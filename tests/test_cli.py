@@ -9,52 +9,16 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import CIFAR_ARCHIVE, REPO, TINY_DATA_CLASSES
+from tests.conftest import CIFAR_ARCHIVE, REPO, TINY_DATA_CLASSES, train_args
 from vit.checkpoint import load_model
 from vit.cli import ViTCLI, evaluate_main, train_main
 from vit.data import CIFAR10DataModule
 from vit.lit_module import ViTClassifier
 
-TINY_MODEL_ARGS = [
-    "--model.preset=vit_nano",
-    "--model.patch_size=8",
-    "--model.embed_dim=32",
-    "--model.depth=2",
-    "--model.num_heads=2",
-    "--model.warmup_epochs=0.5",
-]
-
-
-def _train_args(data_dir: Path, runs: Path, *extra: str) -> list[str]:
-    logger = (
-        '[{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": '
-        f'{{"save_dir": "{runs}", "name": "tiny"}}}}, '
-        '{"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": '
-        f'{{"save_dir": "{runs}", "name": "tiny"}}}}]'
-    )
-    checkpoint = (
-        '[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
-        '{"monitor": "val/acc", "mode": "max", "save_last": true}}]'
-    )
-    return [
-        "fit",
-        *TINY_MODEL_ARGS,
-        "--model.num_classes=3",
-        f"--data.data_dir={data_dir}",
-        f"--data.cache_dir={runs / 'cache'}",
-        "--data.batch_size=8",
-        "--data.val_size=6",
-        "--trainer.max_epochs=2",
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.logger={logger}",
-        f"--trainer.callbacks={checkpoint}",
-        *extra,
-    ]
-
 
 def test_train_checkpoint_evaluate_end_to_end(image_tree_tgz: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    train_main(_train_args(image_tree_tgz, runs, "--test_after_fit=true"))
+    train_main(train_args(image_tree_tgz, runs, "--test_after_fit=true"))
     run = runs / "tiny" / "version_0"
     assert (run / "metrics.csv").is_file()  # CSV logs
     assert list(run.glob("events.out.tfevents.*"))  # TensorBoard logs, same folder
@@ -80,13 +44,13 @@ def test_train_checkpoint_evaluate_end_to_end(image_tree_tgz: Path, tmp_path: Pa
         assert png.format == "PNG" and png.size[0] > 100
 
     # a second run gets its own folder: nothing of the first is overwritten
-    train_main(_train_args(image_tree_tgz, runs, "--trainer.max_epochs=1"))
+    train_main(train_args(image_tree_tgz, runs, "--trainer.max_epochs=1"))
     assert (runs / "tiny" / "version_1" / "checkpoints" / "last.ckpt").is_file()
     assert last.is_file()
 
 
 def test_class_count_mismatch_is_reported(image_tree: Path, tmp_path: Path) -> None:
-    args = _train_args(image_tree, tmp_path / "runs")
+    args = train_args(image_tree, tmp_path / "runs")
     args[args.index("--model.num_classes=3")] = "--model.num_classes=10"
     with pytest.raises(ValueError, match="the data has 3 classes.*num_classes=10"):
         train_main(args)
@@ -100,7 +64,9 @@ def test_missing_checkpoint_and_data_are_reported(tmp_path: Path) -> None:
         dm.prepare_data()
 
 
-@pytest.mark.parametrize("config", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "config", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_every_experiment_config_parses(config: Path) -> None:
     cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=["-c", str(config)], run=False)
     assert isinstance(cli.model, ViTClassifier)
@@ -109,20 +75,33 @@ def test_every_experiment_config_parses(config: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not CIFAR_ARCHIVE.is_file(), reason=f"CIFAR-10 archive not found at {CIFAR_ARCHIVE}")
+@pytest.mark.skipif(
+    not CIFAR_ARCHIVE.is_file(), reason=f"CIFAR-10 archive not found at {CIFAR_ARCHIVE}"
+)
 def test_smoke_on_real_cifar10_beats_chance(tmp_path: Path) -> None:
     """A 1-minute run on 4,000 real CIFAR-10 images must clear 10% chance by a wide margin."""
     runs = tmp_path / "runs"
-    args = _train_args(CIFAR_ARCHIVE, runs)
+    args = train_args(CIFAR_ARCHIVE, runs)
     args[args.index("--model.num_classes=3")] = "--model.num_classes=10"
     args[args.index("--data.batch_size=8")] = "--data.batch_size=64"
     args[args.index("--data.val_size=6")] = "--data.val_size=1000"
     args[args.index(f"--data.cache_dir={runs / 'cache'}")] = "--data.train_subset=4000"
     args[args.index("--model.patch_size=8")] = "--model.patch_size=4"
-    args += ["--model.embed_dim=64", "--model.lr=2e-3", "--trainer.max_epochs=4",
-             "--trainer.precision=bf16-mixed"]
+    args += [
+        "--model.embed_dim=64",
+        "--model.lr=2e-3",
+        "--trainer.max_epochs=4",
+        "--trainer.precision=bf16-mixed",
+    ]
     train_main(args)
-    result = evaluate_main([str(runs / "tiny/version_0/checkpoints/last.ckpt"), "--split", "val",
-                            "--output-dir", str(tmp_path / "eval")])
+    result = evaluate_main(
+        [
+            str(runs / "tiny/version_0/checkpoints/last.ckpt"),
+            "--split",
+            "val",
+            "--output-dir",
+            str(tmp_path / "eval"),
+        ]
+    )
     assert result["num_images"] == 1000
     assert result["top1"] > 0.25, result["top1"]

@@ -1,0 +1,137 @@
+"""Attention extraction, rollout (hand-computed), head fusion, discard ratio, gradient rollout pairing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import TINY
+from vit.maps import (
+    attention_maps,
+    discard_lowest,
+    fuse_heads,
+    grad_rollout,
+    query_map,
+    roll_out,
+    rollout,
+    rollout_map,
+)
+from vit.model import VisionTransformer
+
+
+@pytest.mark.parametrize("kernel", ["explicit", "fused"])
+@pytest.mark.parametrize(("img_size", "patch_size"), [(32, 2), (32, 4), (32, 8), (48, 4), (48, 8)])
+def test_extraction_shapes_rows_and_logits(kernel: str, img_size: int, patch_size: int) -> None:
+    torch.manual_seed(0)
+    cfg = {**TINY, "img_size": img_size, "patch_size": patch_size, "kernel": kernel}
+    model = VisionTransformer(**cfg).eval()
+    x = torch.randn(3, 3, img_size, img_size)
+    with torch.inference_mode():
+        logits, maps = attention_maps(model, x)
+        expected = model(x)
+    n = 1 + (img_size // patch_size) ** 2
+    assert torch.allclose(logits, expected, atol=1e-5)
+    assert len(maps) == TINY["depth"]
+    for w in maps:
+        assert w.shape == (3, TINY["num_heads"], n, n)
+        assert torch.all(w >= 0)
+        assert torch.allclose(w.sum(-1), torch.ones(3, TINY["num_heads"], n), atol=1e-5)
+
+
+def test_extraction_refuses_a_model_without_it() -> None:
+    with pytest.raises(ValueError, match="forward_with_attention"):
+        attention_maps(torch.nn.Linear(2, 2), torch.randn(1, 2))
+
+
+def test_rollout_two_layer_hand_computed() -> None:
+    # W1 + I = [[1.5, .5], [.2, 1.8]] -> rows / 2 = [[.75, .25], [.1, .9]]
+    # W2 + I = [[2, 0], [.6, 1.4]]    -> rows / 2 = [[1, 0], [.3, .7]]
+    # joint = A2 @ A1 = [[.75, .25], [.3*.75 + .7*.1, .3*.25 + .7*.9]] = [[.75, .25], [.295, .705]]
+    w1 = torch.tensor([[0.5, 0.5], [0.2, 0.8]])[None, None]  # (B=1, H=1, 2, 2)
+    w2 = torch.tensor([[1.0, 0.0], [0.6, 0.4]])[None, None]
+    joint = rollout([w1, w2])
+    assert torch.allclose(joint[0], torch.tensor([[0.75, 0.25], [0.295, 0.705]]), atol=1e-6)
+    assert torch.allclose(rollout([w1, w2], start_layer=1)[0], torch.tensor([[1.0, 0], [0.3, 0.7]]))
+
+
+def test_rollout_rows_sum_to_one_and_batches_are_independent() -> None:
+    torch.manual_seed(0)
+    maps = [torch.randn(4, 3, 17, 17).softmax(-1) for _ in range(3)]
+    joint = rollout(maps, discard_ratio=0.5)
+    assert torch.allclose(joint.sum(-1), torch.ones(4, 17), atol=1e-5)
+    alone = rollout([m[2:3] for m in maps], discard_ratio=0.5)
+    assert torch.allclose(joint[2:3], alone, atol=1e-6)
+    assert rollout_map(maps, grid=(4, 4)).shape == (4, 4, 4)
+    assert torch.allclose(rollout_map(maps, grid=(4, 4)).flatten(1).amax(1), torch.ones(4))
+
+
+def test_head_fusion_modes() -> None:
+    w = torch.tensor([[[[0.2, 0.8], [0.5, 0.5]], [[0.6, 0.4], [0.1, 0.9]]]])  # (1, 2 heads, 2, 2)
+    assert torch.allclose(fuse_heads(w, "mean"), torch.tensor([[[0.4, 0.6], [0.3, 0.7]]]))
+    assert torch.allclose(fuse_heads(w, "max"), torch.tensor([[[0.6, 0.8], [0.5, 0.9]]]))
+    assert torch.allclose(fuse_heads(w, "min"), torch.tensor([[[0.2, 0.4], [0.1, 0.5]]]))
+    with pytest.raises(ValueError, match="head_fusion='median'"):
+        fuse_heads(w, "median")  # type: ignore[arg-type]
+
+
+def test_discard_ratio_never_touches_cls_entries() -> None:
+    torch.manual_seed(0)
+    a = torch.rand(2, 5, 5) + 1.0
+    a[:, 0, :] = 0.01  # the CLS row and column hold the smallest weights of all
+    a[:, :, 0] = 0.01
+    out = discard_lowest(a, 0.5)
+    assert torch.equal(out[:, 0, :], a[:, 0, :]) and torch.equal(out[:, :, 0], a[:, :, 0])
+    assert ((out[:, 1:, 1:] == 0).flatten(1).sum(1) == 8).all()  # half of the 16 patch entries
+    kept = out[:, 1:, 1:][out[:, 1:, 1:] > 0].reshape(2, 8)
+    dropped = a[:, 1:, 1:][out[:, 1:, 1:] == 0].reshape(2, 8)
+    assert (kept.amin(1) >= dropped.amax(1)).all()  # the lowest were the ones dropped
+    with pytest.raises(ValueError, match="discard_ratio=1.0"):
+        discard_lowest(a, 1.0)
+
+
+def test_start_layer_bounds() -> None:
+    maps = [torch.rand(1, 1, 3, 3).softmax(-1)] * 2
+    with pytest.raises(ValueError, match="start_layer=2"):
+        rollout(maps, start_layer=2)
+
+
+def test_query_map_for_cls_and_for_mean_pooling() -> None:
+    w = torch.arange(2 * 5 * 5, dtype=torch.float).reshape(2, 5, 5)
+    assert torch.equal(query_map(w, grid=(2, 2)), w[:, 0, 1:].reshape(2, 2, 2))
+    no_cls = torch.arange(2 * 4 * 4, dtype=torch.float).reshape(2, 4, 4)
+    assert torch.equal(
+        query_map(no_cls, grid=(2, 2), num_prefix_tokens=0), no_cls.mean(dim=1).reshape(2, 2, 2)
+    )
+
+
+def test_mean_pool_model_maps() -> None:
+    model = VisionTransformer(**{**TINY, "class_token": False, "global_pool": "avg"}).eval()
+    _, maps = attention_maps(model, torch.randn(2, 3, 32, 32))
+    assert maps[0].shape == (2, 2, 16, 16)
+    assert rollout_map(maps, grid=(4, 4), num_prefix_tokens=0).shape == (2, 4, 4)
+
+
+def test_grad_rollout_pairs_each_layer_with_its_own_gradient() -> None:
+    """With layer 1's attention output zeroed, its weights cannot affect the logits: its gradient
+    is zero, so the right answer is layer 0's grad-weighted map alone. Pairing layer 0's weights
+    with layer 1's (zero) gradient, or the reverse, gives a different map."""
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY).eval()
+    with torch.no_grad():
+        model.blocks[1].attn.proj.weight.zero_()
+    x = torch.randn(2, 3, 32, 32)
+    logits, cam_map = grad_rollout(model, x, target=3)
+
+    x_req = x.clone()
+    logits_ref, maps = model.forward_with_attention(x_req)
+    grads = torch.autograd.grad(logits_ref[:, 3].sum(), maps)
+    assert grads[1].abs().max() == 0 and grads[0].abs().max() > 0
+    cam0 = (maps[0] * grads[0].clamp(min=0)).mean(1).detach()
+    expected = query_map(roll_out([cam0]), grid=(4, 4))
+    expected = expected / expected.flatten(1).amax(1)[:, None, None]
+    assert torch.allclose(cam_map, expected, atol=1e-6)
+    assert torch.allclose(logits, logits_ref.detach())
+    # it also works when called under inference_mode (it enables gradients itself)
+    with torch.inference_mode():
+        _, again = grad_rollout(model, x, target=3)
+    assert torch.allclose(again, cam_map, atol=1e-6)

@@ -1,0 +1,164 @@
+"""`vit-visualize`: attention pictures from a checkpoint, for dataset images or image files."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torchvision.transforms.v2.functional import resize
+
+from vit.checkpoint import load_model
+from vit.data import CIFAR10DataModule, decode_image_bytes, preprocess
+from vit.maps import attention_maps, patch_grid, query_map, rollout_map
+from vit.model import VisionTransformer
+
+log = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vit-visualize",
+        description="Write PNGs of attention rollout overlays, per-head CLS maps of one layer, "
+        "and a layers x heads grid, for N dataset images or the image files given.",
+    )
+    p.add_argument("checkpoint", type=Path, help="a .ckpt written by vit-train")
+    p.add_argument(
+        "--images",
+        type=Path,
+        nargs="*",
+        default=None,
+        help="image files to explain (default: images from the data split)",
+    )
+    p.add_argument("--split", choices=("test", "val"), default="test")
+    p.add_argument("--num-images", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0, help="which dataset images are drawn")
+    p.add_argument("--data-dir", default=None, help="data folder or archive (default: as trained)")
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--layer", type=int, default=-1, help="layer of the per-head grid (-1: last)")
+    p.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean")
+    p.add_argument("--discard-ratio", type=float, default=0.0)
+    p.add_argument("--start-layer", type=int, default=0)
+    p.add_argument("--output-dir", type=Path, default=Path("attention"))
+    p.add_argument("--overwrite", action="store_true", help="replace existing PNGs")
+    return p
+
+
+def load_image_files(paths: list[Path], *, size: int) -> Tensor:
+    """Image files -> (B, 3, size, size) uint8, converted to RGB and resized if needed."""
+    images = []
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"image file {str(path)!r} does not exist.")
+        image = decode_image_bytes(path.read_bytes(), name=str(path))
+        if image.shape[-2:] != (size, size):
+            log.info("resizing %s from %s to %dx%d", path, tuple(image.shape[-2:]), size, size)
+            image = resize(image, [size, size], antialias=True)
+        images.append(image)
+    return torch.stack(images)
+
+
+def _dataset_images(ns: argparse.Namespace, ckpt: dict) -> tuple[Tensor, Tensor]:
+    saved = dict(ckpt.get("datamodule_hyper_parameters") or {})
+    args = {
+        k: saved[k]
+        for k in ("source", "data_dir", "cache_dir", "image_size", "val_size", "seed")
+        if k in saved
+    }
+    args.update({k: v for k, v in (("data_dir", ns.data_dir), ("cache_dir", ns.cache_dir)) if v})
+    dm = CIFAR10DataModule(**args)
+    dm.setup("test" if ns.split == "test" else "validate")
+    data = dm.test_dataset if ns.split == "test" else dm.val_dataset
+    pick = torch.randperm(len(data), generator=torch.Generator().manual_seed(ns.seed))
+    return data.__getitems__(pick[: ns.num_images].tolist())
+
+
+def render(
+    model: VisionTransformer,
+    images: Tensor,
+    *,
+    classes: list[str],
+    labels: Tensor | None,
+    layer: int = -1,
+    **rollout_kwargs,
+) -> dict[str, object]:
+    """Figures for uint8 images: {"rollout": fig, "heads_layerL_i": fig, "layers_heads_i": fig}."""
+    from vit.plots import plot_map_grid, plot_overlays  # matplotlib only when drawing
+
+    was_training = model.training
+    model.eval()  # no dropout in the pictures
+    with torch.inference_mode():
+        logits, maps = attention_maps(model, preprocess(images))
+    model.train(was_training)
+    grid, prefix = patch_grid(model), model.num_prefix_tokens
+    pred = logits.argmax(dim=-1)
+    titles = [
+        f"pred: {classes[p]}" + (f" / true: {classes[t]}" if labels is not None else "")
+        for p, t in zip(
+            pred.tolist(), (labels if labels is not None else pred).tolist(), strict=True
+        )
+    ]
+    roll = rollout_map(maps, grid=grid, num_prefix_tokens=prefix, **rollout_kwargs)
+    per_layer = torch.stack([query_map(w, grid=grid, num_prefix_tokens=prefix) for w in maps], 1)
+    depth, heads = per_layer.shape[1:3]  # per_layer: (B, layers, heads, g, g)
+    layer = layer % depth
+    figures: dict[str, object] = {"rollout": plot_overlays(images, roll, titles=titles)}
+    head_labels = [f"head {h}" for h in range(heads)]
+    for i, title in enumerate(titles):
+        figures[f"heads_layer{layer}_{i}"] = plot_map_grid(
+            images[i],
+            per_layer[i, layer : layer + 1],
+            title=f"{title} (layer {layer})",
+            row_labels=[f"layer {layer}"],
+            col_labels=head_labels,
+        )
+        figures[f"layers_heads_{i}"] = plot_map_grid(
+            images[i],
+            per_layer[i],
+            title=title,
+            row_labels=[f"layer {j}" for j in range(depth)],
+            col_labels=head_labels,
+        )
+    return figures
+
+
+def visualize_main(argv: list[str] | None = None) -> list[Path]:
+    ns = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if ns.num_images < 1:
+        raise ValueError(f"--num-images={ns.num_images} must be at least 1.")
+    model, ckpt = load_model(ns.checkpoint)
+    classes = list((ckpt.get("hyper_parameters") or {}).get("class_names") or [])
+    classes = classes or [str(i) for i in range(model.num_classes)]
+    if ns.images:
+        images, labels = load_image_files(ns.images, size=model.patch_embed.img_size), None
+    else:
+        images, labels = _dataset_images(ns, ckpt)
+    del ckpt
+    figures = render(
+        model,
+        images,
+        classes=classes,
+        labels=labels,
+        layer=ns.layer,
+        head_fusion=ns.head_fusion,
+        discard_ratio=ns.discard_ratio,
+        start_layer=ns.start_layer,
+    )
+    paths = [ns.output_dir / f"{name}.png" for name in figures]
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not ns.overwrite:
+        raise FileExistsError(
+            f"{len(existing)} file(s) would be overwritten, e.g. {existing[0]}; pass --overwrite "
+            f"or choose another --output-dir."
+        )
+    import matplotlib.pyplot as plt
+
+    ns.output_dir.mkdir(parents=True, exist_ok=True)
+    for path, fig in zip(paths, figures.values(), strict=True):
+        fig.savefig(path, dpi=100)  # no bbox cropping: pixel size = figsize x dpi
+        plt.close(fig)
+    print(f"wrote {len(paths)} PNGs to {ns.output_dir}")
+    return paths
