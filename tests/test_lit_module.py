@@ -96,3 +96,35 @@ def test_max_epochs_is_required_for_the_schedule(tmp_path) -> None:
     )
     with pytest.raises(ValueError, match="max_epochs"):
         trainer.fit(module, _loader())
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=2)
+    trainer = L.Trainer(
+        max_epochs=3,
+        logger=False,
+        callbacks=[ckpt],
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, _loader())  # 4 steps per epoch, a checkpoint every 2
+    good = (tmp_path / "last.ckpt").read_bytes()
+    bad = torch.randn(16, 3, 32, 32)
+    bad[0, 0, 0, 0] = float("nan")
+    trainer = L.Trainer(
+        max_epochs=4,
+        logger=False,
+        callbacks=[ckpt],
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(FloatingPointError, match=r"loss is nan at step 12 \(epoch 3, batch 0\)"):
+        trainer.fit(
+            module,
+            DataLoader(TensorDataset(bad, torch.zeros(16, dtype=torch.long)), batch_size=16),
+            ckpt_path=tmp_path / "last.ckpt",
+        )
+    assert (tmp_path / "last.ckpt").read_bytes() == good

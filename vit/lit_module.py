@@ -132,6 +132,13 @@ class ViTClassifier(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = self._shared_step(batch, "train")
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"training loss is {loss.item()} at step {self.global_step} (epoch "
+                f"{self.current_epoch}, batch {batch_idx}); stopping so that no checkpoint holds "
+                f"diverged weights. Lower model.lr, raise warmup_epochs, or use precision "
+                f"32-true; resume from the last good checkpoint with --ckpt_path."
+            )
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
 

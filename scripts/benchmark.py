@@ -1,0 +1,273 @@
+"""Training and inference throughput of our ViT against timm and vit-pytorch, measured in one run.
+
+    python scripts/benchmark.py                      # the full table (peers: pip install -e ".[bench]")
+    python scripts/benchmark.py --quick              # fewer repeats, batch 128 only
+
+Every model is built at the same configuration (width, depth, heads, MLP width, patch, image size,
+classes). For each precision, full training steps (forward, backward, AdamW step) and inference
+forwards are timed interleaved across models, round after round, after warm-up; the median of the
+rounds is reported, so a slow moment of the machine hits every model alike. Peak memory is the
+growth of the process's peak RSS over one training step, measured in a fresh subprocess per model.
+The data pipeline (decoded uint8 tensors, batched crop + flip, normalisation) is timed alone on one
+thread. Results go to experiments/benchmarks/ as JSON and Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit.model import VisionTransformer
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "experiments" / "benchmarks"
+NUM_CLASSES, IMG, PATCH = 10, 32, 4
+
+
+def build(name: str, *, width: int, depth: int, heads: int, mlp: int) -> nn.Module | None:
+    """One model by name at the shared configuration; None if its package is missing."""
+    if name.startswith("ours"):
+        kernel = "fused" if name.endswith("fused") else "explicit"
+        return VisionTransformer(
+            img_size=IMG,
+            patch_size=PATCH,
+            num_classes=NUM_CLASSES,
+            embed_dim=width,
+            depth=depth,
+            num_heads=heads,
+            mlp_ratio=mlp / width,
+            kernel=kernel,
+        )
+    if name.startswith("timm"):
+        try:
+            from timm.models.vision_transformer import VisionTransformer as TimmViT
+        except ImportError:
+            return None
+        model = TimmViT(
+            img_size=IMG,
+            patch_size=PATCH,
+            num_classes=NUM_CLASSES,
+            embed_dim=width,
+            depth=depth,
+            num_heads=heads,
+            mlp_ratio=mlp / width,
+        )
+        for block in model.blocks:  # timm's own switch, read per module
+            block.attn.fused_attn = not name.endswith("unfused")
+        return model
+    if name == "vit-pytorch":
+        try:
+            from vit_pytorch import ViT
+        except ImportError:
+            return None
+        return ViT(
+            image_size=IMG,
+            patch_size=PATCH,
+            num_classes=NUM_CLASSES,
+            dim=width,
+            depth=depth,
+            heads=heads,
+            dim_head=width // heads,
+            mlp_dim=mlp,
+        )
+    raise ValueError(f"unknown model {name!r}")
+
+
+MODELS = ("ours", "ours-fused", "timm", "timm-unfused", "vit-pytorch")
+
+
+def make_steps(model: nn.Module, *, batch: int, precision: str) -> tuple[Callable, Callable]:
+    """(train_step, infer_step) closures on fixed random data."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, IMG, IMG, generator=g)
+    y = torch.randint(0, NUM_CLASSES, (batch,), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    bf16 = precision == "bf16-mixed"
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
+    def train_step() -> None:
+        model.train()
+        with autocast():
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def infer_step() -> None:
+        model.eval()
+        with torch.inference_mode(), autocast():
+            model(x)
+
+    return train_step, infer_step
+
+
+def time_interleaved(steps: dict[str, Callable], *, warmup: int, rounds: int) -> dict[str, float]:
+    """Median seconds per call of each step, rounds interleaved across the steps."""
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def peak_memory_mb(name: str, cfg: dict, batch: int, precision: str) -> float | None:
+    """Peak-RSS growth of one training step, in a fresh process (CPU has no allocator counter)."""
+    code = (
+        "import resource, sys, torch; sys.path.insert(0, 'scripts');"
+        "from benchmark import build, make_steps;"
+        f"m = build({name!r}, **{cfg!r});"
+        f"step, _ = make_steps(m, batch={batch}, precision={precision!r});"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; step(); step();"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+
+
+def bench_data(batch: int = 128, repeats: int = 3) -> float:
+    """Images/s of the data pipeline alone (loader + batched augmentation + normalise), 1 thread."""
+    from vit.augment import TrainAugment
+    from vit.data import TensorImageDataset, collate_batch, preprocess
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    data = TensorImageDataset(
+        torch.randint(0, 256, (45_000, 3, 32, 32), dtype=torch.uint8, generator=g),
+        torch.randint(0, 10, (45_000,)),
+    )
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=batch, shuffle=True, drop_last=True, collate_fn=collate_batch
+    )
+    augment = TrainAugment(padding=4, hflip=True)
+    rates = []
+    for _ in range(repeats):
+        t, n = time.perf_counter(), 0
+        for images, _labels in loader:
+            preprocess(augment(images))
+            n += images.shape[0]
+        rates.append(n / (time.perf_counter() - t))
+    torch.set_num_threads(threads)
+    return statistics.median(rates)
+
+
+def run(args: argparse.Namespace) -> dict:
+    results = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "cuda": torch.cuda.is_available(),
+        },
+        "command": "python scripts/benchmark.py " + " ".join(args.argv),
+        "rows": [],
+    }
+    for cfg, batches in args.configs:
+        for batch in batches:
+            for precision in ("32-true", "bf16-mixed"):
+                models = {n: m for n in MODELS if (m := build(n, **cfg)) is not None}
+                for kind in ("train", "infer"):
+                    steps = {
+                        n: make_steps(m, batch=batch, precision=precision)[kind == "infer"]
+                        for n, m in models.items()
+                    }
+                    secs = time_interleaved(steps, warmup=args.warmup, rounds=args.rounds)
+                    for n, s in secs.items():
+                        row = dict(
+                            **cfg,
+                            batch=batch,
+                            precision=precision,
+                            kind=kind,
+                            model=n,
+                            images_per_s=round(batch / s, 1),
+                        )
+                        results["rows"].append(row)
+                        print(json.dumps(row), flush=True)
+    if args.memory:
+        cfg, batch = args.configs[0][0], 128
+        results["peak_memory_mb"] = {
+            f"{n} {p}": peak_memory_mb(n, cfg, batch, p)
+            for n in MODELS
+            for p in ("32-true", "bf16-mixed")
+        }
+    results["data_pipeline_images_per_s"] = round(bench_data(), 0)
+    return results
+
+
+def to_markdown(results: dict) -> str:
+    lines = [f"Command: `{results['command']}`  ", f"Machine: {results['machine']}", ""]
+    rows = results["rows"]
+    groups = sorted({(r["width"], r["batch"], r["kind"]) for r in rows})
+    lines += [
+        "| width | batch | step | model | fp32 img/s | bf16-mixed img/s | ours-best / this |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for width, batch, kind in groups:
+        sel = [r for r in rows if (r["width"], r["batch"], r["kind"]) == (width, batch, kind)]
+        best_ours = max(r["images_per_s"] for r in sel if r["model"].startswith("ours"))
+        for model in dict.fromkeys(r["model"] for r in sel):
+            by_p = {r["precision"]: r["images_per_s"] for r in sel if r["model"] == model}
+            best = max(by_p.values())
+            lines.append(
+                f"| {width} | {batch} | {kind} | {model} | {by_p.get('32-true')} | "
+                f"{by_p.get('bf16-mixed')} | {best_ours / best:.2f}x |"
+            )
+    lines += [
+        "",
+        f"Data pipeline alone (1 thread): {results['data_pipeline_images_per_s']:.0f} img/s",
+    ]
+    if "peak_memory_mb" in results:
+        lines += ["", "Peak RSS growth over one training step (first config and batch), MB:", ""]
+        lines += [f"- {k}: {v}" for k, v in results["peak_memory_mb"].items()]
+    lines += [
+        "",
+        "GPU: "
+        + (
+            "measured above"
+            if results["machine"]["cuda"]
+            else "not measured (no GPU on this machine)"
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="batch 128, width 192, fewer rounds")
+    p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--name", default="cpu", help="output file stem under experiments/benchmarks")
+    p.add_argument("--no-memory", dest="memory", action="store_false")
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    tiny = dict(width=192, depth=6, heads=3, mlp=768)
+    wide = dict(width=384, depth=6, heads=6, mlp=1536)
+    args.configs = [(tiny, [128])] if args.quick else [(tiny, [128, 64, 256]), (wide, [128])]
+    args.rounds = args.rounds or (5 if args.quick else 7)
+    args.warmup = 2
+    results = run(args)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{args.name}.json").write_text(json.dumps(results, indent=2))
+    (OUT / f"{args.name}.md").write_text(to_markdown(results))
+    print(to_markdown(results))
+
+
+if __name__ == "__main__":
+    main()
