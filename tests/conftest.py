@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -128,3 +131,14 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tiny_run")
     train_main(train_args(_write_image_tree(root / "tiny"), root / "runs"))
     return root / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+class KillAtStep(L.Callback):
+    """SIGKILL this process once training reaches `step`, as a crash or the OOM killer would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)

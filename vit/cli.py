@@ -37,6 +37,8 @@ class ViTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
+            config.ckpt_path = resume_latest_run(config.trainer.logger)
         share_logger_version(config.trainer.logger)
 
     def after_fit(self) -> None:
@@ -44,13 +46,40 @@ class ViTCLI(LightningCLI):
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
 
 
+def _logger_args(loggers: Any) -> list[Any]:
+    """init_args of the configured loggers that write under save_dir/name."""
+    if not isinstance(loggers, list):
+        return []
+    args = [getattr(lg, "init_args", None) for lg in loggers]
+    return [a for a in args if a is not None and "save_dir" in a]
+
+
+def resume_latest_run(loggers: Any) -> str:
+    """`--ckpt_path last`: the newest save_dir/name/version_N/checkpoints/last.ckpt; the loggers are
+    pointed at that same version, so the resumed run keeps writing into its own folder."""
+    args = _logger_args(loggers)
+    if not args:
+        raise ValueError(
+            "--ckpt_path last needs loggers with save_dir/name (as in experiments/*.yaml)."
+        )
+    folder = Path(args[0].save_dir) / (args[0].get("name") or "")
+    found = sorted(folder.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise ValueError(
+            f"--ckpt_path last: no {folder}/version_*/checkpoints/last.ckpt to resume from; start "
+            f"a fresh run without --ckpt_path, or pass the path of a checkpoint."
+        )
+    last = found[-1]
+    for a in args:
+        a.version = last.parent.parent.name
+    log.info("resuming %s", last)
+    return str(last)
+
+
 def share_logger_version(loggers: Any) -> None:
     """Give loggers that share save_dir/name one version, so CSV and TensorBoard logs and the
     checkpoints of a run land in one folder: save_dir/name/version_N."""
-    if not isinstance(loggers, list):
-        return
-    args = [getattr(lg, "init_args", None) for lg in loggers]
-    args = [a for a in args if a is not None and "save_dir" in a and a.get("version") is None]
+    args = [a for a in _logger_args(loggers) if a.get("version") is None]
     if len(args) < 2:
         return
     taken = set()

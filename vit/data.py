@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.transforms.v2.functional import resize, to_dtype
 
 from vit.augment import TrainAugment, normalize
+from vit.loader import ResumableDataLoader
 
 try:  # deprecated in torchvision 0.29 (for TorchCodec) but 3x faster than PIL on these JPEGs
     from torchvision.io import ImageReadMode, decode_image
@@ -379,6 +380,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.val_dataset: TensorImageDataset | None = None
         self.test_dataset: TensorImageDataset | None = None
         self._classes: list[str] | None = None
+        self._train_loader: ResumableDataLoader | None = None
+        self._resume_state: dict[str, int] | None = None
 
     @property
     def classes(self) -> list[str]:
@@ -451,15 +454,34 @@ class CIFAR10DataModule(L.LightningDataModule):
                 f"no {stage} data yet: call setup({stage!r}) before asking for its dataloader."
             )
         workers = self.hparams.num_workers
+        common = dict(num_workers=workers, collate_fn=collate_batch, persistent_workers=workers > 0)
+        if train:  # order = f(seed, epoch); resumes mid-epoch from a checkpoint
+            self._train_loader = ResumableDataLoader(
+                dataset,
+                batch_size=self.hparams.batch_size,
+                seed=self.hparams.seed,
+                drop_last=self.hparams.drop_last,
+                **common,
+            )
+            if self._resume_state is not None:
+                self._train_loader.load_state_dict(self._resume_state)
+                self._resume_state = None
+            return self._train_loader
+        # a generator of its own: starting an evaluation never draws from the global RNG, so a
+        # resumed run (which runs a sanity check first) keeps the dropout draws of the original
+        generator = torch.Generator().manual_seed(self.hparams.seed)
         return DataLoader(
-            dataset,
-            batch_size=self.hparams.batch_size if train else self.eval_batch_size,
-            shuffle=train,
-            drop_last=train and self.hparams.drop_last,
-            num_workers=workers,
-            collate_fn=collate_batch,
-            persistent_workers=workers > 0,
+            dataset, batch_size=self.eval_batch_size, shuffle=False, generator=generator, **common
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in checkpoints: where the training loader is within its epoch."""
+        return {"train_loader": self._train_loader.state_dict()} if self._train_loader else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restored before training starts; the next train loader resumes from it. (Lightning
+        builds the train loader before it restores loop state, so its own loader restore misses.)"""
+        self._resume_state = state.get("train_loader")
 
     def train_dataloader(self) -> DataLoader:
         hp, data = self.hparams, self.train_dataset
@@ -485,8 +507,15 @@ class CIFAR10DataModule(L.LightningDataModule):
     ) -> tuple[Tensor, Tensor]:
         """uint8 batch on device -> (augmented only while training) normalized float32 images."""
         images, labels = batch
-        if self.trainer is not None and self.trainer.training:
-            images = self.train_augment(images)
+        trainer = self.trainer
+        if trainer is not None and trainer.training:
+            # the draws are a function of (seed, step, rank): a resumed run augments alike
+            seed = (
+                self.hparams.seed * 1_000_003 + trainer.global_step
+            ) * 1024 + trainer.global_rank
+            images = self.train_augment(images, generator=torch.Generator().manual_seed(seed))
+            if self._train_loader is not None:
+                self._train_loader.count_consumed()  # this batch is trained on: saved on resume
         return self.preprocess(images), labels
 
     @staticmethod

@@ -90,6 +90,8 @@ class ViTClassifier(L.LightningModule):
                 for k in sorted({1, min(5, num_classes)})
             }
         )
+        for metric in self.metrics.values():
+            metric.persistent(True)  # saved in checkpoints: a mid-epoch resume keeps its counts
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -151,6 +153,19 @@ class ViTClassifier(L.LightningModule):
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(images).float().softmax(dim=-1)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the global RNG state (dropout, drop-path) so that a resumed run draws alike."""
+        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("rng_state") or {}
+        if "torch" in state:
+            torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams

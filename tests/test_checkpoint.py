@@ -1,0 +1,308 @@
+"""Tests for vit/checkpoint.py and vit/timm_interop.py: safe loads, errors, resizing, sharing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import TINY
+from vit.checkpoint import (
+    export_safetensors,
+    load_checkpoint,
+    load_model,
+    load_safetensors,
+    load_weights,
+    strip_prefixes,
+)
+from vit.embed import sinusoidal_table
+from vit.model import VisionTransformer
+
+TINY3 = {**TINY, "num_classes": 3}
+needs_timm = pytest.mark.skipif(
+    importlib.util.find_spec("timm") is None, reason='timm not installed: pip install -e ".[timm]"'
+)
+
+
+def _model(seed: int = 0, **overrides: Any) -> VisionTransformer:
+    torch.manual_seed(seed)
+    return VisionTransformer(**{**TINY3, **overrides}).eval()
+
+
+def _save_lightning_like(path: Path, model: VisionTransformer, *, prefix: str = "model.") -> Path:
+    """A vit-train-shaped checkpoint (hyper_parameters + prefixed state_dict + metric state)."""
+    state = {prefix + k: v for k, v in model.state_dict().items()}
+    state["metrics.val_acc1.tp"] = torch.zeros(3)
+    hp = {"preset": "vit_nano", **TINY3, "lr": 1e-3, "class_names": ["a", "b", "c"]}
+    torch.save({"state_dict": state, "hyper_parameters": hp, "epoch": 1}, path)
+    return path
+
+
+class _Payload:
+    """Unpickling this would create `marker`: stands in for a malicious checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (pathlib.Path.touch, (self.marker,))
+
+
+# ---- 1. weights-only: a pickle payload is refused and never runs ---------------------------
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+@pytest.mark.parametrize(
+    "loader", [load_checkpoint, load_model, lambda p: load_weights(_model(), p)]
+)
+def test_pickle_payload_is_refused_and_never_runs(tmp_path, zip_format, loader) -> None:
+    marker, path = tmp_path / "pwned", tmp_path / "evil.ckpt"
+    ckpt = {"state_dict": _model().state_dict(), "hyper_parameters": {"preset": "vit_nano"}}
+    ckpt["callbacks"] = _Payload(marker)
+    torch.save(ckpt, path, _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(ValueError, match="refusing to load") as err:
+        loader(path)
+    assert str(path) in str(err.value) and "could run code" in str(err.value)
+    assert not marker.exists()
+
+
+# ---- 2. damaged files and mismatched shapes: messages that name the file and the problem ----
+
+
+def test_damaged_files_name_the_file_and_the_problem(tmp_path) -> None:
+    good = _save_lightning_like(tmp_path / "good.ckpt", _model())
+    data = good.read_bytes()
+    cases = {
+        "truncated.ckpt": (data[: len(data) // 2], "truncated or corrupt"),
+        "random.ckpt": (os.urandom(4096), "not a PyTorch checkpoint"),
+        "text.ckpt": (b"hello, not a checkpoint\n", "not a PyTorch checkpoint"),
+        "empty.ckpt": (b"", "is empty"),
+    }
+    for name, (content, expected) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        for loader in (load_checkpoint, load_model):
+            with pytest.raises(ValueError, match=expected) as err:
+                loader(path)
+            assert str(path) in str(err.value), name
+
+
+def test_missing_file_and_directory(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist") as err:
+        load_model(tmp_path / "nope.ckpt")
+    assert str(tmp_path / "nope.ckpt") in str(err.value)
+    with pytest.raises(IsADirectoryError, match="is a directory") as err:
+        load_checkpoint(tmp_path)
+    assert str(tmp_path) in str(err.value)
+
+
+def test_other_class_count_names_parameters_and_shapes(tmp_path) -> None:
+    path = _save_lightning_like(tmp_path / "three.ckpt", _model())
+    with pytest.raises(ValueError) as err:
+        load_model(path, num_classes=10)
+    msg = str(err.value)
+    assert str(path) in msg
+    assert "head.weight: checkpoint (3, 32) vs model (10, 32)" in msg
+    assert "head.bias: checkpoint (3,) vs model (10,)" in msg
+    assert "blocks.0" not in msg  # only what differs
+
+
+def test_load_weights_into_another_width_summarises(tmp_path) -> None:
+    path = _save_lightning_like(tmp_path / "w32.ckpt", _model())
+    wide = VisionTransformer(**{**TINY3, "embed_dim": 64, "depth": 3})
+    with pytest.raises(ValueError) as err:
+        load_weights(wide, path)
+    msg = str(err.value)
+    assert str(path) in msg and "cls_token: checkpoint (1, 1, 32) vs model (1, 1, 64)" in msg
+    assert "more" in msg and "missing from the checkpoint: blocks.2.norm1.weight" in msg
+    assert len(msg) < 1500  # a summary, not torch's wall of text
+
+
+def test_unknown_override_is_a_value_error(tmp_path) -> None:
+    path = _save_lightning_like(tmp_path / "a.ckpt", _model())
+    with pytest.raises(ValueError, match="num_class"):
+        load_model(path, num_class=10)
+
+
+# ---- 3. plain models without Lightning; prefixes; safetensors export -----------------------
+
+
+def test_library_imports_no_lightning() -> None:
+    code = (
+        "import sys, vit.checkpoint, vit.timm_interop; "
+        "heavy = ('lightning', 'torchmetrics', 'timm'); "
+        "bad = [m for m in sys.modules if m.split('.')[0] in heavy]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+@pytest.mark.parametrize("prefix", ["model.", "module.model.", "_orig_mod.", "module._orig_mod."])
+def test_wrapper_prefixes_are_stripped(tmp_path, prefix) -> None:
+    src = _model(seed=1)
+    path = _save_lightning_like(tmp_path / "p.ckpt", src, prefix=prefix)
+    model, ckpt = load_model(path)
+    assert ckpt["epoch"] == 1 and not model.training
+    for key, value in src.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert set(strip_prefixes(ckpt["state_dict"])) == set(src.state_dict())  # metrics dropped
+
+
+def test_real_lightning_checkpoint_loads_plain(tiny_checkpoint) -> None:
+    model, ckpt = load_model(tiny_checkpoint)
+    raw = torch.load(tiny_checkpoint, weights_only=True)["state_dict"]
+    assert torch.equal(model.head.weight, raw["model.head.weight"])
+    assert model.head.out_features == 3 and ckpt["hyper_parameters"]["class_names"]
+
+
+def test_safetensors_round_trip_is_exact(tiny_checkpoint, tmp_path) -> None:
+    from safetensors import safe_open
+
+    out = export_safetensors(tiny_checkpoint, tmp_path / "share" / "tiny.safetensors")
+    with safe_open(str(out), framework="pt") as f:
+        meta = f.metadata()
+    assert json.loads(meta["config"])["num_classes"] == 3
+    assert json.loads(meta["class_names"]) == ["bird", "cat", "dog"]
+    original, _ = load_model(tiny_checkpoint)
+    shared = load_safetensors(out)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(shared(x), original(x))
+    fresh = load_weights(VisionTransformer(**json.loads(meta["config"])), out)
+    assert torch.equal(fresh.pos_embed, original.pos_embed)
+
+
+def test_foreign_safetensors_is_refused(tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    path = tmp_path / "other.safetensors"
+    save_file({"w": torch.zeros(2)}, str(path))
+    with pytest.raises(ValueError, match="export_safetensors") as err:
+        load_safetensors(path)
+    assert str(path) in str(err.value)
+    (tmp_path / "bad.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"garbage!")
+    with pytest.raises(ValueError, match="not a readable safetensors"):
+        load_safetensors(tmp_path / "bad.safetensors")
+
+
+# ---- 4. another image size ------------------------------------------------------------------
+
+
+def test_load_at_another_image_size_resizes_positions(tmp_path) -> None:
+    path = _save_lightning_like(tmp_path / "s.ckpt", _model(seed=2))
+    same, _ = load_model(path)
+    same_again, _ = load_model(path, img_size=32)
+    assert torch.equal(same.pos_embed, same_again.pos_embed)
+    big, _ = load_model(path, img_size=48)
+    assert big.pos_embed.shape == (1, 1 + 6 * 6, 32)
+    assert torch.equal(big.pos_embed[:, 0], same.pos_embed[:, 0])  # CLS row kept
+    assert torch.equal(big.patch_embed.proj.weight, same.patch_embed.proj.weight)
+    with torch.no_grad():
+        assert big(torch.randn(2, 3, 48, 48)).shape == (2, 3)
+
+
+def test_sincos_table_is_rebuilt_for_the_new_size(tmp_path) -> None:
+    path = tmp_path / "sincos.ckpt"
+    src = _model(pos_embed="sincos")
+    torch.save(
+        {
+            "state_dict": {f"model.{k}": v for k, v in src.state_dict().items()},
+            "hyper_parameters": {"preset": "vit_nano", **TINY3, "pos_embed": "sincos"},
+        },
+        path,
+    )
+    big, _ = load_model(path, img_size=64)
+    assert torch.equal(big.pos_embed[0], sinusoidal_table(1 + 8 * 8, 32))
+    with torch.no_grad():
+        assert big(torch.randn(1, 3, 64, 64)).shape == (1, 3)
+
+
+# ---- 5. timm interop --------------------------------------------------------------------------
+
+
+def _randomize(module: torch.nn.Module, seed: int) -> None:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, 0.2)
+
+
+CONFIGS = [
+    {},
+    {"global_pool": "avg"},
+    {"global_pool": "avg", "class_token": False, "qkv_bias": False},
+    {"mlp_ratio": 3.0, "num_heads": 4},
+    {"pos_embed": "sincos"},
+]
+
+
+@needs_timm
+@pytest.mark.parametrize("overrides", CONFIGS, ids=lambda c: ",".join(c) or "default")
+def test_to_timm_and_back_agree(overrides) -> None:
+    from vit.timm_interop import from_timm, to_timm
+
+    ours = _model(**overrides)
+    _randomize(ours, seed=3)
+    theirs = to_timm(ours)
+    assert type(theirs).__module__ == "timm.models.vision_transformer" and not theirs.training
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), ours(x), atol=1e-5, rtol=1e-5)
+    back = from_timm(theirs)
+    for key, value in ours.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key
+
+
+@needs_timm
+@pytest.mark.parametrize("global_pool", ["token", "avg"])
+def test_from_timm_agrees(global_pool) -> None:
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    from vit.timm_interop import from_timm
+
+    kwargs = dict(img_size=32, patch_size=8, num_classes=5, embed_dim=48, depth=2, num_heads=3)
+    theirs = TimmViT(**kwargs, global_pool=global_pool, fc_norm=False).eval()
+    _randomize(theirs, seed=4)
+    ours = from_timm(theirs)
+    assert ours.head.out_features == 5 and len(ours.blocks) == 2
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+
+@needs_timm
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ({"global_pool": "avg"}, "fc_norm"),  # timm's default for avg: norm after pooling
+        ({"reg_tokens": 2}, "reg_tokens=2"),
+        ({"init_values": 0.1}, "ls1.gamma"),  # layer scale
+        ({"global_pool": "max"}, "global_pool='max'"),
+    ],
+)
+def test_from_timm_refuses_what_it_cannot_represent(extra, expected) -> None:
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    from vit.timm_interop import from_timm
+
+    theirs = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **extra)
+    with pytest.raises(ValueError, match="cannot be represented|cannot copy") as err:
+        from_timm(theirs)
+    assert expected in str(err.value)
+
+
+def test_missing_timm_says_how_to_install(monkeypatch) -> None:
+    from vit.timm_interop import to_timm
+
+    monkeypatch.setitem(sys.modules, "timm", None)
+    monkeypatch.setitem(sys.modules, "timm.models.vision_transformer", None)
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[timm\]"'):
+        to_timm(_model())

@@ -1,0 +1,64 @@
+"""A run SIGKILLed mid-epoch resumes with --ckpt_path last and ends exactly like an uninterrupted one."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.conftest import REPO, train_args
+from vit.checkpoint import load_checkpoint
+from vit.cli import train_main
+
+EVERY_STEP = (
+    '[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", '
+    '"init_args": {"every_n_train_steps": 1, "save_last": true, "save_top_k": 0}}'
+)
+
+
+def _args(data: Path, runs: Path, *extra: str) -> list[str]:
+    args = [a for a in train_args(data, runs) if not a.startswith("--trainer.callbacks")]
+    return [
+        *args,
+        "--trainer.max_epochs=3",
+        "--trainer.deterministic=true",
+        "--seed_everything=7",
+        "--model.drop_rate=0.1",
+        "--model.drop_path_rate=0.1",
+        *extra,
+    ]
+
+
+def _final_val_acc(run: Path) -> list[str]:
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    return [r["val/acc"] for r in rows if r.get("val/acc")]
+
+
+def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(make_image_tree, tmp_path) -> None:
+    data = make_image_tree(tmp_path / "data", train_per_class=30)  # 84 train images: 10 steps/epoch
+    train_main(_args(data, tmp_path / "a", f"--trainer.callbacks={EVERY_STEP}]"))
+
+    killer = (
+        EVERY_STEP + ', {"class_path": "tests.conftest.KillAtStep", "init_args": {"step": 14}}]'
+    )
+    code = f"from vit.cli import train_main; train_main({json.dumps(_args(data, tmp_path / 'b'))} + [{json.dumps('--trainer.callbacks=' + killer)}])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]  # killed, not finished
+    last = tmp_path / "b" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    killed_at = load_checkpoint(last)["global_step"]
+    assert killed_at == 13 and killed_at % 10 != 0  # mid-epoch (epoch 1, batch 4)
+
+    train_main(
+        _args(data, tmp_path / "b", f"--trainer.callbacks={EVERY_STEP}]", "--ckpt_path=last")
+    )
+    a = load_checkpoint(tmp_path / "a" / "tiny" / "version_0" / "checkpoints" / "last.ckpt")
+    b = load_checkpoint(last)  # the resumed run kept writing into its own folder
+    assert a["global_step"] == b["global_step"] == 30
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    run_a, run_b = tmp_path / "a" / "tiny" / "version_0", tmp_path / "b" / "tiny" / "version_0"
+    assert _final_val_acc(run_a)[-1] == _final_val_acc(run_b)[-1]
