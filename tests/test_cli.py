@@ -105,3 +105,10 @@ def test_smoke_on_real_cifar10_beats_chance(tmp_path: Path) -> None:
     )
     assert result["num_images"] == 1000
     assert result["top1"] > 0.25, result["top1"]
+
+
+def test_unwritable_run_folder_fails_before_training(image_tree: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ValueError, match="cannot write the run folder.*a_file"):
+        train_main(train_args(image_tree, blocker / "runs"))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import REPO, train_args
@@ -62,3 +63,43 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(make_image_tree, tm
         assert torch.equal(value, b["state_dict"][key]), key
     run_a, run_b = tmp_path / "a" / "tiny" / "version_0", tmp_path / "b" / "tiny" / "version_0"
     assert _final_val_acc(run_a)[-1] == _final_val_acc(run_b)[-1]
+
+
+def test_disk_full_during_a_save_leaves_the_previous_last_checkpoint(image_tree, tmp_path) -> None:
+    """A save that dies half-way (ENOSPC) raises, and last.ckpt still holds the previous save."""
+    import errno
+
+    import lightning as L
+    from fsspec.implementations.local import LocalFileOpener
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from vit.data import CIFAR10DataModule
+    from vit.lit_module import ViTClassifier
+
+    dm = CIFAR10DataModule(
+        data_dir=str(image_tree), cache_dir=str(tmp_path / "cache"), batch_size=8, val_size=6
+    )
+    module = ViTClassifier(
+        preset="vit_nano", num_classes=3, patch_size=8, embed_dim=32, depth=2, num_heads=2
+    )
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1)
+    trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[ckpt], enable_progress_bar=False)
+    trainer.fit(module, dm)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    good = last.read_bytes()
+
+    real_write = LocalFileOpener.write
+
+    def write_half_then_fail(self, data, *args, **kwargs):
+        real_write(self, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    LocalFileOpener.write = write_half_then_fail
+    try:
+        trainer = L.Trainer(max_epochs=2, logger=False, callbacks=[ckpt], enable_progress_bar=False)
+        with pytest.raises(OSError, match="No space left on device"):
+            trainer.fit(module, dm, ckpt_path=last)
+    finally:
+        LocalFileOpener.write = real_write
+    assert last.read_bytes() == good  # not half-written: the write went to a temporary file
+    assert load_checkpoint(last)["global_step"] == 3

@@ -6,6 +6,7 @@ import argparse
 import inspect
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ class ViTCLI(LightningCLI):
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             config.ckpt_path = resume_latest_run(config.trainer.logger)
         share_logger_version(config.trainer.logger)
+        check_writable(config.trainer.logger)
 
     def after_fit(self) -> None:
         if self.config.fit.test_after_fit and not self.trainer.fast_dev_run:
@@ -74,6 +76,22 @@ def resume_latest_run(loggers: Any) -> str:
         a.version = last.parent.parent.name
     log.info("resuming %s", last)
     return str(last)
+
+
+def check_writable(loggers: Any) -> None:
+    """Fail before training, not at the first checkpoint, when the run folder cannot be written."""
+    for a in _logger_args(loggers):
+        folder = Path(a.save_dir) / (a.get("name") or "")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            raise ValueError(
+                f"cannot write the run folder {str(folder)!r} ({err.strerror or err}); set "
+                f"trainer.logger save_dir to a writable folder with free space."
+            ) from None
 
 
 def share_logger_version(loggers: Any) -> None:
