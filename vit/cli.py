@@ -198,3 +198,7 @@ def evaluate_main(argv: list[str] | None = None) -> dict[str, Any]:
         f"wrote {out / f'metrics_{ns.split}.json'} and {out / f'confusion_matrix_{ns.split}.png'}"
     )
     return result
+
+
+if __name__ == "__main__":  # python -m vit.cli: the same as vit-train (how DDP relaunches it)
+    train_main()
