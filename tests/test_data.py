@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import torchvision
 from PIL import Image
 
-import vit.data
+import vit.folder_source
 from vit.data import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
@@ -97,7 +97,7 @@ def test_cache_is_reused_without_decoding(
     def no_decoding(*args: object, **kwargs: object) -> torch.Tensor:
         raise AssertionError("decoded again although the cache is valid")
 
-    monkeypatch.setattr(vit.data, "decode_image_bytes", no_decoding)
+    monkeypatch.setattr(vit.folder_source, "decode_image_bytes", no_decoding)
     again = load_folder_source(image_tree_tgz, split="train", cache_dir=cache)
     assert torch.equal(first[0], again[0]) and first[2] == again[2]
 
@@ -335,17 +335,21 @@ def test_after_transfer_normalizes_and_augments_only_in_training(image_tree: Pat
         assert out_labels is labels
     assert torch.equal(dm.preprocess(images), expected)
     assert abs(expected.mean().item() - ((128 / 255 - 0.47) / 0.25)) < 0.2  # data ~U(1, 255)
-    dm.trainer = SimpleNamespace(training=True)
-    torch.manual_seed(0)
+    dm.trainer = SimpleNamespace(training=True, global_step=5, global_rank=0)
     out, _ = dm.on_after_batch_transfer((images, labels), 0)
     assert out.dtype == torch.float32 and out.shape == expected.shape
     assert not torch.equal(out, expected)
+    # the draws are a function of (seed, step, rank), not of the global RNG: resumable
+    torch.manual_seed(123)
+    assert torch.equal(dm.on_after_batch_transfer((images, labels), 0)[0], out)
+    dm.trainer = SimpleNamespace(training=True, global_step=6, global_rank=0)
+    assert not torch.equal(dm.on_after_batch_transfer((images, labels), 0)[0], out)
     # still the normalized image of *some* uint8 batch: undo normalize and find integers
     mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (CIFAR10_MEAN, CIFAR10_STD))
     raw = (out * std + mean) * 255
     torch.testing.assert_close(raw, raw.round(), rtol=0, atol=1e-3)
     plain = _datamodule(image_tree, crop_padding=0, hflip=False)
-    plain.trainer = SimpleNamespace(training=True)
+    plain.trainer = SimpleNamespace(training=True, global_step=0, global_rank=0)
     assert torch.equal(plain.on_after_batch_transfer((images, labels), 0)[0], expected)
 
 
