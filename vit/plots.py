@@ -89,3 +89,19 @@ def plot_map_grid(
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def plot_learning_curves(
+    curves: dict[str, tuple[list[float], list[float]]], *, title: str = "", ylabel: str = "val/acc"
+) -> Figure:
+    """One line per run: y (e.g. validation accuracy) against wall-clock minutes."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (minutes, values) in curves.items():
+        ax.plot(minutes, values, marker="o", markersize=3, label=label)
+    ax.set_xlabel("wall-clock minutes of training")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
