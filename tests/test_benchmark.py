@@ -1,0 +1,48 @@
+"""scripts/benchmark.py stays runnable: every model builds at one configuration, rows and table form."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+CFG = dict(width=32, depth=1, heads=2, mlp=64)
+
+
+@pytest.mark.parametrize("name", bench.MODELS)
+def test_models_build_at_the_same_configuration(name: str) -> None:
+    model = bench.build(name, **CFG)
+    if model is None:
+        pytest.skip(f"{name}'s package is not installed (pip install -e '.[bench]')")
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    n = sum(p.numel() for p in model.parameters())
+    ours = sum(p.numel() for p in bench.build("ours", **CFG).parameters())
+    assert abs(n - ours) / ours < 0.05, (name, n, ours)  # same architecture size, give or take
+
+
+def test_interleaved_timing_and_markdown_table() -> None:
+    models = {"ours": bench.build("ours", **CFG), "ours-fused": bench.build("ours-fused", **CFG)}
+    steps = {n: bench.make_steps(m, batch=4, precision="bf16-mixed")[0] for n, m in models.items()}
+    secs = bench.time_interleaved(steps, warmup=1, rounds=2)
+    assert set(secs) == set(models) and all(s > 0 for s in secs.values())
+    rows = [
+        dict(**CFG, batch=4, precision=p, kind="train", model=n, images_per_s=100.0 + i)
+        for i, n in enumerate(models)
+        for p in ("32-true", "bf16-mixed")
+    ]
+    table = bench.to_markdown(
+        {
+            "command": "x",
+            "machine": {"cuda": False},
+            "rows": rows,
+            "data_pipeline_images_per_s": 1e5,
+        }
+    )
+    assert "| 32 | 4 | train | ours | 100.0 | 100.0 | 1.01x |" in table  # best ours / this row
+    assert "GPU: not measured" in table
