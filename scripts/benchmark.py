@@ -37,32 +37,23 @@ NUM_CLASSES, IMG, PATCH = 10, 32, 4
 
 def build(name: str, *, width: int, depth: int, heads: int, mlp: int) -> nn.Module | None:
     """One model by name at the shared configuration; None if its package is missing."""
+    same = dict(
+        img_size=IMG,
+        patch_size=PATCH,
+        num_classes=NUM_CLASSES,
+        embed_dim=width,
+        depth=depth,
+        num_heads=heads,
+        mlp_ratio=mlp / width,
+    )  # timm's names are ours
     if name.startswith("ours"):
-        kernel = "fused" if name.endswith("fused") else "explicit"
-        return VisionTransformer(
-            img_size=IMG,
-            patch_size=PATCH,
-            num_classes=NUM_CLASSES,
-            embed_dim=width,
-            depth=depth,
-            num_heads=heads,
-            mlp_ratio=mlp / width,
-            kernel=kernel,
-        )
+        return VisionTransformer(**same, kernel="fused" if name.endswith("fused") else "explicit")
     if name.startswith("timm"):
         try:
             from timm.models.vision_transformer import VisionTransformer as TimmViT
         except ImportError:
             return None
-        model = TimmViT(
-            img_size=IMG,
-            patch_size=PATCH,
-            num_classes=NUM_CLASSES,
-            embed_dim=width,
-            depth=depth,
-            num_heads=heads,
-            mlp_ratio=mlp / width,
-        )
+        model = TimmViT(**same)
         for block in model.blocks:  # timm's own switch, read per module
             block.attn.fused_attn = not name.endswith("unfused")
         return model
