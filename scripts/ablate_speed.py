@@ -1,0 +1,131 @@
+"""Which settings make our ViT train fastest on this machine: each lead of
+../shared/notes/cpu-speed-leads.md as an A/B, timed interleaved in one run.
+
+    python scripts/ablate_speed.py            # width 192, depth 6, 3 heads, MLP 768, batch 128
+
+Variants: attention kernel (explicit / fused), precision (float32; bf16 autocast; the whole
+model in bf16 with float32 master weights kept by the optimizer), fused AdamW, torch.compile.
+Writes experiments/benchmarks/ablation.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+class MasterWeights:
+    """AdamW on float32 copies of a bf16 model's parameters (what bf16-true lacks)."""
+
+    def __init__(self, model: nn.Module, *, fused: bool) -> None:
+        self.params = list(model.parameters())
+        self.master = [p.detach().float().requires_grad_() for p in self.params]
+        self.opt = torch.optim.AdamW(self.master, lr=1e-4, fused=fused)
+
+    def step(self) -> None:
+        for p, m in zip(self.params, self.master, strict=True):
+            m.grad = p.grad.float()
+            p.grad = None
+        self.opt.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.master, strict=True):
+                p.copy_(m)
+
+
+def make_step(*, kernel: str, precision: str, fused_adam: bool, compile_: bool, batch: int):
+    torch.manual_seed(0)
+    model = bench.build(
+        "ours" if kernel == "explicit" else "ours-fused", width=192, depth=6, heads=3, mlp=768
+    )
+    x = torch.randn(batch, 3, 32, 32)
+    y = torch.randint(0, 10, (batch,))
+    if precision == "bf16-full":
+        model = model.to(torch.bfloat16)
+        x = x.to(torch.bfloat16)
+        opt = MasterWeights(model, fused=fused_adam)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
+    forward = torch.compile(model) if compile_ else model
+    autocast = precision == "bf16-mixed"
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = F.cross_entropy(forward(x).float(), y)
+        loss.backward()
+        opt.step()
+        if isinstance(opt, torch.optim.Optimizer):
+            opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--no-compile", dest="compile", action="store_false")
+    args = p.parse_args()
+    variants = {}
+    for kernel in ("explicit", "fused"):
+        for precision in ("32-true", "bf16-mixed", "bf16-full"):
+            variants[f"{kernel} {precision}"] = dict(
+                kernel=kernel, precision=precision, fused_adam=False, compile_=False
+            )
+    variants["explicit bf16-mixed fused-adamw"] = dict(
+        kernel="explicit", precision="bf16-mixed", fused_adam=True, compile_=False
+    )
+    variants["explicit bf16-full fused-adamw"] = dict(
+        kernel="explicit", precision="bf16-full", fused_adam=True, compile_=False
+    )
+    if args.compile:
+        for precision in ("bf16-mixed", "bf16-full"):
+            variants[f"explicit {precision} compile"] = dict(
+                kernel="explicit", precision=precision, fused_adam=False, compile_=True
+            )
+    steps = {name: make_step(batch=args.batch, **cfg) for name, cfg in variants.items()}
+    secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
+    base = args.batch / secs["explicit bf16-mixed"]
+    rows = [
+        {
+            "variant": n,
+            "images_per_s": round(args.batch / s, 1),
+            "vs_explicit_bf16_mixed": round(args.batch / s / base, 3),
+        }
+        for n, s in secs.items()
+    ]
+    out = {
+        "command": "python scripts/ablate_speed.py",
+        "batch": args.batch,
+        "rows": rows,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    bench.OUT.mkdir(parents=True, exist_ok=True)
+    (bench.OUT / "ablation.json").write_text(json.dumps(out, indent=2))
+    lines = [
+        f"Command: `{out['command']}` (batch {args.batch}, width 192, depth 6, MLP 768)",
+        "",
+        "| variant | train img/s | vs explicit bf16-mixed |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {r['variant']} | {r['images_per_s']} | {r['vs_explicit_bf16_mixed']:.2f}x |"
+        for r in rows
+    ]
+    (bench.OUT / "ablation.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
