@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests.conftest import CIFAR_ARCHIVE, REPO, TINY_DATA_CLASSES, train_args
 from vit.checkpoint import load_model
-from vit.cli import ViTCLI, evaluate_main, train_main
+from vit.cli import ViTCLI, run_evaluate, train_main
 from vit.data import CIFAR10DataModule
 from vit.lit_module import ViTClassifier
 
@@ -34,7 +34,7 @@ def test_train_checkpoint_evaluate_end_to_end(image_tree_tgz: Path, tmp_path: Pa
     x = torch.randn(2, 3, 32, 32)
     assert torch.allclose(module.model.eval()(x), model(x))
 
-    result = evaluate_main([str(last), "--output-dir", str(tmp_path / "eval")])
+    result = run_evaluate([str(last), "--output-dir", str(tmp_path / "eval")])
     assert result["num_images"] == 3 * 4
     assert 0 <= result["top1"] <= 1 and set(result["per_class"]) == set(TINY_DATA_CLASSES)
     assert sum(map(sum, result["confusion_matrix"])) == 12
@@ -58,7 +58,7 @@ def test_class_count_mismatch_is_reported(image_tree: Path, tmp_path: Path) -> N
 
 def test_missing_checkpoint_and_data_are_reported(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no_such.ckpt"):
-        evaluate_main([str(tmp_path / "no_such.ckpt")])
+        run_evaluate([str(tmp_path / "no_such.ckpt")])
     dm = CIFAR10DataModule(data_dir=str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="nowhere"):
         dm.prepare_data()
@@ -94,7 +94,7 @@ def test_smoke_on_real_cifar10_beats_chance(tmp_path: Path) -> None:
         "--trainer.precision=bf16-mixed",
     ]
     train_main(args)
-    result = evaluate_main(
+    result = run_evaluate(
         [
             str(runs / "tiny/version_0/checkpoints/last.ckpt"),
             "--split",
@@ -112,3 +112,12 @@ def test_unwritable_run_folder_fails_before_training(image_tree: Path, tmp_path:
     blocker.write_text("not a folder")
     with pytest.raises(ValueError, match="cannot write the run folder.*a_file"):
         train_main(train_args(image_tree, blocker / "runs"))
+
+
+def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) -> None:
+    from vit.cli import evaluate_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main([str(tmp_path / "missing.ckpt")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: checkpoint")

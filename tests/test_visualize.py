@@ -11,7 +11,7 @@ from PIL import Image
 from tests.conftest import train_args
 from vit.callbacks import AttentionMapLogger
 from vit.cli import train_main
-from vit.visualize import visualize_main
+from vit.visualize import run_visualize
 
 
 def _size(path: Path) -> tuple[int, int]:
@@ -23,7 +23,7 @@ def _size(path: Path) -> tuple[int, int]:
 
 def test_script_writes_pngs_from_dataset_images(tiny_checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "pictures"
-    paths = visualize_main(
+    paths = run_visualize(
         [str(tiny_checkpoint), "--num-images", "3", "--layer", "1", "--output-dir", str(out)]
     )
     names = sorted(p.name for p in paths)
@@ -38,9 +38,9 @@ def test_script_writes_pngs_from_dataset_images(tiny_checkpoint: Path, tmp_path:
 
     before = (out / "rollout.png").read_bytes()
     with pytest.raises(FileExistsError, match="--overwrite"):
-        visualize_main([str(tiny_checkpoint), "--num-images", "3", "--output-dir", str(out)])
+        run_visualize([str(tiny_checkpoint), "--num-images", "3", "--output-dir", str(out)])
     assert (out / "rollout.png").read_bytes() == before  # nothing was touched
-    visualize_main(
+    run_visualize(
         [
             str(tiny_checkpoint),
             "--num-images",
@@ -65,12 +65,10 @@ def test_script_takes_image_files_of_any_size_and_mode(
     gray = tmp_path / "gray.jpg"
     Image.fromarray(rng.integers(0, 255, (32, 32), dtype=np.uint8)).save(gray)
     out = tmp_path / "files"
-    visualize_main(
-        [str(tiny_checkpoint), "--images", str(rgb), str(gray), "--output-dir", str(out)]
-    )
+    run_visualize([str(tiny_checkpoint), "--images", str(rgb), str(gray), "--output-dir", str(out)])
     assert _size(out / "rollout.png") == (420, 420)
     with pytest.raises(FileNotFoundError, match="missing.png"):
-        visualize_main(
+        run_visualize(
             [
                 str(tiny_checkpoint),
                 "--images",

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,22 @@ def train_main(args: list[str] | None = None) -> None:
     )
 
 
-def evaluate_main(argv: list[str] | None = None) -> dict[str, Any]:
+def exit_on_user_error(run: Callable[[], Any]) -> None:
+    """Run a command; a mistake the user can fix prints its message (no traceback) and exits 2."""
+    try:
+        run()
+    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def evaluate_main(argv: list[str] | None = None) -> None:
     """`vit-evaluate CHECKPOINT [--split test] [--data-dir ...] [--output-dir ...]`."""
+    exit_on_user_error(lambda: run_evaluate(argv))
+
+
+def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
+    """What `vit-evaluate` does; returns the metrics it printed and wrote."""
     parser = argparse.ArgumentParser(
         prog="vit-evaluate",
         description="Top-1, top-5 and per-class accuracy of a checkpoint, written as JSON, with a "

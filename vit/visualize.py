@@ -124,7 +124,15 @@ def render(
     return figures
 
 
-def visualize_main(argv: list[str] | None = None) -> list[Path]:
+def visualize_main(argv: list[str] | None = None) -> None:
+    """`vit-visualize CHECKPOINT [...]`: see --help."""
+    from vit.cli import exit_on_user_error
+
+    exit_on_user_error(lambda: run_visualize(argv))
+
+
+def run_visualize(argv: list[str] | None = None) -> list[Path]:
+    """What `vit-visualize` does; returns the paths of the PNGs it wrote."""
     ns = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if ns.num_images < 1:
