@@ -120,17 +120,27 @@ def time_interleaved(steps: dict[str, Callable], *, warmup: int, rounds: int) ->
 
 
 def peak_memory_mb(name: str, cfg: dict, batch: int, precision: str) -> float | None:
-    """Peak-RSS growth of one training step, in a fresh process (CPU has no allocator counter)."""
+    """Peak resident memory during two training steps above the level before them, in a fresh
+    process (CPU has no allocator counter): the kernel's high-water mark is reset first."""
     code = (
-        "import resource, sys, torch; sys.path.insert(0, 'scripts');"
+        "import re, sys, torch; sys.path.insert(0, 'scripts');"
         "from benchmark import build, make_steps;"
         f"m = build({name!r}, **{cfg!r});"
         f"step, _ = make_steps(m, batch={batch}, precision={precision!r});"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; step(); step();"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)"
+        "rss = lambda key: int(re.search(key + r':\\s+(\\d+)', open('/proc/self/status').read())[1]);"
+        "before = rss('VmRSS'); open('/proc/self/clear_refs', 'w').write('5'); step(); step();"
+        "print((rss('VmHWM') - before) / 1024)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+
+
+def memory_table(cfg: dict, batch: int = 128) -> dict[str, float | None]:
+    return {
+        f"{n} {p}": peak_memory_mb(n, cfg, batch, p)
+        for n in MODELS
+        for p in ("32-true", "bf16-mixed")
+    }
 
 
 def bench_data(batch: int = 128, repeats: int = 3) -> float:
@@ -226,7 +236,14 @@ def to_markdown(results: dict) -> str:
         f"Data pipeline alone (1 thread): {results['data_pipeline_images_per_s']:.0f} img/s",
     ]
     if "peak_memory_mb" in results:
-        lines += ["", "Peak RSS growth over one training step (first config and batch), MB:", ""]
+        lines += [
+            "",
+            "Peak memory of two training steps above the level before them (width 192, "
+            "batch 128), MB"
+            + (f" (`{results['memory_command']}`)" if "memory_command" in results else "")
+            + ":",
+            "",
+        ]
         lines += [f"- {k}: {v}" for k, v in results["peak_memory_mb"].items()]
     lines += [
         "",
@@ -246,6 +263,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--name", default="cpu", help="output file stem under experiments/benchmarks")
     p.add_argument("--no-memory", dest="memory", action="store_false")
+    p.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="measure peak memory only and add it to an existing <name>.json",
+    )
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     tiny = dict(width=192, depth=6, heads=3, mlp=768)
@@ -253,7 +275,12 @@ def main(argv: list[str] | None = None) -> None:
     args.configs = [(tiny, [128])] if args.quick else [(tiny, [128, 64, 256]), (wide, [128])]
     args.rounds = args.rounds or (5 if args.quick else 7)
     args.warmup = 2
-    results = run(args)
+    if args.memory_only:
+        results = json.loads((OUT / f"{args.name}.json").read_text())
+        results["peak_memory_mb"] = memory_table(args.configs[0][0])
+        results["memory_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
+    else:
+        results = run(args)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{args.name}.json").write_text(json.dumps(results, indent=2))
     (OUT / f"{args.name}.md").write_text(to_markdown(results))

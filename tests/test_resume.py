@@ -103,3 +103,36 @@ def test_disk_full_during_a_save_leaves_the_previous_last_checkpoint(image_tree,
         LocalFileOpener.write = real_write
     assert last.read_bytes() == good  # not half-written: the write went to a temporary file
     assert load_checkpoint(last)["global_step"] == 3
+
+
+def test_last_checkpoint_is_written_by_step_and_at_every_epoch_end(tmp_path) -> None:
+    """every_n_train_steps=3 with 4 steps an epoch: last.ckpt still ends at the final step (8)."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vit.callbacks import LastCheckpoint
+    from vit.lit_module import ViTClassifier
+
+    steps_seen = []
+
+    class Watch(L.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            path = tmp_path / "ckpt" / "last.ckpt"
+            if path.exists():
+                steps_seen.append(load_checkpoint(path)["global_step"])
+
+    data = DataLoader(
+        TensorDataset(torch.randn(64, 3, 32, 32), torch.randint(0, 3, (64,))), batch_size=16
+    )
+    module = ViTClassifier(
+        preset="vit_nano", num_classes=3, patch_size=8, embed_dim=32, depth=2, num_heads=2
+    )
+    trainer = L.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        callbacks=[Watch(), LastCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=3)],
+    )
+    trainer.fit(module, data)
+    assert 3 in steps_seen and 6 in steps_seen  # by step, mid-epoch
+    assert load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 8  # and at the end

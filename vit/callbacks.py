@@ -1,10 +1,11 @@
-"""Lightning callbacks: attention pictures of fixed validation images, logged while training."""
+"""Lightning callbacks: attention pictures logged while training, and last.ckpt by step and epoch."""
 
 from __future__ import annotations
 
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 
@@ -48,3 +49,21 @@ class AttentionMapLogger(L.Callback):
                 )
         for fig in figures.values():
             plt.close(fig)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """`last.ckpt` every `every_n_train_steps` steps *and* at the end of every epoch.
+
+    Lightning's ModelCheckpoint does one or the other: with a step interval it skips the epoch
+    end, so the final weights of a run could be up to n steps older than the run.
+    """
+
+    def __init__(self, *, every_n_train_steps: int = 100, dirpath: str | None = None) -> None:
+        super().__init__(
+            dirpath=dirpath, every_n_train_steps=every_n_train_steps, save_top_k=0, save_last=True
+        )
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
