@@ -232,10 +232,8 @@ def _read_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict[str, st
 
 def _adapt_pos_embed(model: VisionTransformer, table: Tensor, *, source: str) -> Tensor:
     """The checkpoint's position table, made to fit the model's patch grid."""
-    if not isinstance(model.pos_embed, nn.Parameter):
-        return (
-            model.pos_embed.detach().clone()
-        )  # fixed sin-cos table: the model's own fits its size
+    if not isinstance(model.pos_embed, nn.Parameter):  # fixed sin-cos table: the model's own fits
+        return model.pos_embed.detach().clone()
     if table.ndim != 3 or table.shape[1] == model.pos_embed.shape[1]:
         return table  # same size (or a shape problem that the mismatch report will name)
     if table.shape[2] != model.pos_embed.shape[2]:

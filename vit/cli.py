@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import os
@@ -57,6 +56,11 @@ def _logger_args(loggers: Any) -> list[Any]:
     return [a for a in args if a is not None and "save_dir" in a]
 
 
+def _run_folder(logger_args: Any) -> Path:
+    """save_dir/name of one logger: where its version_N folders go."""
+    return Path(logger_args.save_dir) / (logger_args.get("name") or "")
+
+
 def resume_latest_run(loggers: Any) -> str:
     """`--ckpt_path last`: the newest save_dir/name/version_N/checkpoints/last.ckpt; the loggers are
     pointed at that same version, so the resumed run keeps writing into its own folder."""
@@ -65,7 +69,7 @@ def resume_latest_run(loggers: Any) -> str:
         raise ValueError(
             "--ckpt_path last needs loggers with save_dir/name (as in experiments/*.yaml)."
         )
-    folder = Path(args[0].save_dir) / (args[0].get("name") or "")
+    folder = _run_folder(args[0])
     found = sorted(folder.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise ValueError(
@@ -82,7 +86,7 @@ def resume_latest_run(loggers: Any) -> str:
 def check_writable(loggers: Any) -> None:
     """Fail before training, not at the first checkpoint, when the run folder cannot be written."""
     for a in _logger_args(loggers):
-        folder = Path(a.save_dir) / (a.get("name") or "")
+        folder = _run_folder(a)
         try:
             folder.mkdir(parents=True, exist_ok=True)
             probe = folder / f".write-test-{os.getpid()}"
@@ -103,7 +107,7 @@ def share_logger_version(loggers: Any) -> None:
         return
     taken = set()
     for a in args:
-        folder = Path(a.save_dir) / (a.get("name") or "")
+        folder = _run_folder(a)
         taken |= {p.name for p in folder.glob("version_*")} if folder.is_dir() else set()
     n = 0
     while f"version_{n}" in taken:
@@ -176,14 +180,14 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
 
     model, ckpt = load_model(ns.checkpoint)
     hparams = ckpt.get("hyper_parameters") or {}
-    accepted = inspect.signature(CIFAR10DataModule.__init__).parameters
-    saved = ckpt.get("datamodule_hyper_parameters") or {}
-    ckpt_data = {k: v for k, v in saved.items() if k in accepted}  # drops LightningCLI's own keys
+    dm = CIFAR10DataModule.from_checkpoint(
+        ckpt,
+        source=ns.source,
+        data_dir=ns.data_dir,
+        cache_dir=ns.cache_dir,
+        eval_batch_size=ns.batch_size,
+    )
     del ckpt  # optimizer state: not needed here
-    overrides = {"source": ns.source, "data_dir": ns.data_dir, "cache_dir": ns.cache_dir}
-    data_args = {**ckpt_data, **{k: v for k, v in overrides.items() if v is not None}}
-    data_args["eval_batch_size"] = ns.batch_size
-    dm = CIFAR10DataModule(**data_args)
     dm.prepare_data()
     dm.setup("test" if ns.split == "test" else "validate")
     loader = dm.test_dataloader() if ns.split == "test" else dm.val_dataloader()
@@ -195,7 +199,7 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         classes=classes,
         dtype=torch.bfloat16 if ns.precision == "bf16" else None,
     )
-    result.update(checkpoint=str(ns.checkpoint), split=ns.split, data=data_args)
+    result.update(checkpoint=str(ns.checkpoint), split=ns.split, data=dict(dm.hparams))
 
     out = ns.output_dir or ns.checkpoint.parent.parent / "eval"
     out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ DataLoader as uint8 and are augmented and normalized on the training device in
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Literal
 
@@ -150,6 +151,15 @@ class CIFAR10DataModule(L.LightningDataModule):
         self._classes: list[str] | None = None
         self._train_loader: ResumableDataLoader | None = None
         self._resume_state: dict[str, int] | None = None
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict[str, Any], **overrides: Any) -> CIFAR10DataModule:
+        """The data module a vit-train checkpoint was trained with; overrides that are not None
+        replace its settings (e.g. data_dir on another machine)."""
+        accepted = inspect.signature(cls.__init__).parameters
+        saved = ckpt.get("datamodule_hyper_parameters") or {}
+        args = {k: v for k, v in saved.items() if k in accepted}  # drops LightningCLI's own keys
+        return cls(**{**args, **{k: v for k, v in overrides.items() if v is not None}})
 
     @property
     def classes(self) -> list[str]:

@@ -83,11 +83,12 @@ class ViTClassifier(L.LightningModule):
             )
         )
         # One metric object per stage and k, so that states never mix (Lightning's advice).
+        self.top_ks = sorted({1, min(5, num_classes)})  # top-5, or top-k for fewer classes
         self.metrics = nn.ModuleDict(
             {
                 f"{stage}_acc{k}": MulticlassAccuracy(num_classes=num_classes, top_k=k)
                 for stage in ("train", "val", "test")
-                for k in sorted({1, min(5, num_classes)})
+                for k in self.top_ks
             }
         )
         for metric in self.metrics.values():
@@ -125,7 +126,7 @@ class ViTClassifier(L.LightningModule):
             prog_bar=True,
             sync_dist=stage != "train",
         )
-        for k in sorted({1, min(5, self.hparams.num_classes)}):
+        for k in self.top_ks:
             metric = self.metrics[f"{stage}_acc{k}"]
             metric(logits, labels)
             name = f"{stage}/acc" if k == 1 else f"{stage}/acc{k}"

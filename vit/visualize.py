@@ -61,14 +61,7 @@ def load_image_files(paths: list[Path], *, size: int) -> Tensor:
 
 
 def _dataset_images(ns: argparse.Namespace, ckpt: dict) -> tuple[Tensor, Tensor]:
-    saved = dict(ckpt.get("datamodule_hyper_parameters") or {})
-    args = {
-        k: saved[k]
-        for k in ("source", "data_dir", "cache_dir", "image_size", "val_size", "seed")
-        if k in saved
-    }
-    args.update({k: v for k, v in (("data_dir", ns.data_dir), ("cache_dir", ns.cache_dir)) if v})
-    dm = CIFAR10DataModule(**args)
+    dm = CIFAR10DataModule.from_checkpoint(ckpt, data_dir=ns.data_dir, cache_dir=ns.cache_dir)
     dm.setup("test" if ns.split == "test" else "validate")
     data = dm.test_dataset if ns.split == "test" else dm.val_dataset
     pick = torch.randperm(len(data), generator=torch.Generator().manual_seed(ns.seed))
