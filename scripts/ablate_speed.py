@@ -6,6 +6,11 @@
 Variants: attention kernel (explicit / fused), precision (float32; bf16 autocast; the whole
 model in bf16 with float32 master weights kept by the optimizer), fused AdamW, torch.compile.
 Writes experiments/benchmarks/ablation.{json,md}.
+
+    python scripts/ablate_speed.py --resolutions   # the cpu60 recipe's curriculum stages
+
+times the 60-minute recipe's model (width 192, depth 6, MLP ratio 2, bf16-mixed, fused AdamW)
+on 16x16, 24x24 and 32x32 images, and writes experiments/benchmarks/resolution.{json,md}.
 """
 
 from __future__ import annotations
@@ -70,12 +75,87 @@ def make_step(*, kernel: str, precision: str, fused_adam: bool, compile_: bool, 
     return step
 
 
+def resolution_step(*, side: int, batch: int, fused_adam: bool):
+    """One training step of the cpu60 model on side x side images (bf16 autocast)."""
+    from vit.model import create_model
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny", mlp_ratio=2.0, dynamic_img_size=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
+    x, y = torch.randn(batch, 3, side, side), torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def time_and_write(
+    steps: dict, *, args: argparse.Namespace, base: str, stem: str, command: str, about: str
+) -> None:
+    """Time the steps interleaved; write <stem>.json and <stem>.md (img/s and ratio to `base`)."""
+    secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
+    rows = [
+        {
+            "variant": n,
+            "images_per_s": round(args.batch / s, 1),
+            "vs_base": round(secs[base] / s, 3),
+        }
+        for n, s in secs.items()
+    ]
+    out = {
+        "command": command,
+        "batch": args.batch,
+        "base": base,
+        "rows": rows,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    bench.OUT.mkdir(parents=True, exist_ok=True)
+    (bench.OUT / f"{stem}.json").write_text(json.dumps(out, indent=2))
+    lines = [
+        f"Command: `{command}` ({about})",
+        "",
+        f"| variant | train img/s | vs {base} |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {r['variant']} | {r['images_per_s']} | {r['vs_base']:.2f}x |" for r in rows]
+    (bench.OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def resolution_main(args: argparse.Namespace) -> None:
+    steps = {
+        f"{side}x{side} {'fused' if fused else 'foreach'}-adamw": resolution_step(
+            side=side, batch=args.batch, fused_adam=fused
+        )
+        for side in (16, 24, 32)
+        for fused in (False, True)
+    }
+    time_and_write(
+        steps,
+        args=args,
+        base="32x32 foreach-adamw",
+        stem="resolution",
+        command=f"python scripts/ablate_speed.py --resolutions --batch {args.batch}",
+        about=f"batch {args.batch}, width 192, depth 6, 3 heads, MLP 384, patch 4, bf16-mixed",
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--resolutions", action="store_true", help="time the curriculum's stages")
     args = p.parse_args()
+    if args.resolutions:
+        resolution_main(args)
+        return
     variants = {}
     for kernel in ("explicit", "fused"):
         for precision in ("32-true", "bf16-mixed", "bf16-full"):
@@ -94,37 +174,14 @@ def main() -> None:
                 kernel="explicit", precision=precision, fused_adam=False, compile_=True
             )
     steps = {name: make_step(batch=args.batch, **cfg) for name, cfg in variants.items()}
-    secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
-    base = args.batch / secs["explicit bf16-mixed"]
-    rows = [
-        {
-            "variant": n,
-            "images_per_s": round(args.batch / s, 1),
-            "vs_explicit_bf16_mixed": round(args.batch / s / base, 3),
-        }
-        for n, s in secs.items()
-    ]
-    out = {
-        "command": "python scripts/ablate_speed.py",
-        "batch": args.batch,
-        "rows": rows,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
-    bench.OUT.mkdir(parents=True, exist_ok=True)
-    (bench.OUT / "ablation.json").write_text(json.dumps(out, indent=2))
-    lines = [
-        f"Command: `{out['command']}` (batch {args.batch}, width 192, depth 6, MLP 768)",
-        "",
-        "| variant | train img/s | vs explicit bf16-mixed |",
-        "|---|---|---|",
-    ]
-    lines += [
-        f"| {r['variant']} | {r['images_per_s']} | {r['vs_explicit_bf16_mixed']:.2f}x |"
-        for r in rows
-    ]
-    (bench.OUT / "ablation.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    time_and_write(
+        steps,
+        args=args,
+        base="explicit bf16-mixed",
+        stem="ablation",
+        command="python scripts/ablate_speed.py",
+        about=f"batch {args.batch}, width 192, depth 6, MLP 768",
+    )
 
 
 if __name__ == "__main__":

@@ -143,8 +143,12 @@ def memory_table(cfg: dict, batch: int = 128) -> dict[str, float | None]:
     }
 
 
-def bench_data(batch: int = 128, repeats: int = 3) -> float:
-    """Images/s of the data pipeline alone (loader + batched augmentation + normalise), 1 thread."""
+def bench_data(
+    batch: int = 128, repeats: int = 3, *, trivial: bool = False, max_batches: int | None = None
+) -> float:
+    """Images/s of the data pipeline alone (loader + batched augmentation + normalise), 1 thread.
+
+    `trivial` adds TrivialAugment (per image, the full-length recipe's setting)."""
     from vit.augment import TrainAugment
     from vit.data import TensorImageDataset, collate_batch, preprocess
 
@@ -158,11 +162,13 @@ def bench_data(batch: int = 128, repeats: int = 3) -> float:
     loader = torch.utils.data.DataLoader(
         data, batch_size=batch, shuffle=True, drop_last=True, collate_fn=collate_batch
     )
-    augment = TrainAugment(padding=4, hflip=True)
+    augment = TrainAugment(padding=4, hflip=True, trivial=trivial)
     rates = []
     for _ in range(repeats):
         t, n = time.perf_counter(), 0
-        for images, _labels in loader:
+        for i, (images, _labels) in enumerate(loader):
+            if max_batches is not None and i == max_batches:
+                break
             preprocess(augment(images))
             n += images.shape[0]
         rates.append(n / (time.perf_counter() - t))
@@ -210,6 +216,9 @@ def run(args: argparse.Namespace) -> dict:
             for p in ("32-true", "bf16-mixed")
         }
     results["data_pipeline_images_per_s"] = round(bench_data(), 0)
+    results["data_pipeline_trivial_augment_images_per_s"] = round(
+        bench_data(trivial=True, max_batches=40), 0
+    )
     return results
 
 
@@ -231,9 +240,11 @@ def to_markdown(results: dict) -> str:
                 f"| {width} | {batch} | {kind} | {model} | {by_p.get('32-true')} | "
                 f"{by_p.get('bf16-mixed')} | {best_ours / best:.2f}x |"
             )
+    trivial = results.get("data_pipeline_trivial_augment_images_per_s")
     lines += [
         "",
-        f"Data pipeline alone (1 thread): {results['data_pipeline_images_per_s']:.0f} img/s",
+        f"Data pipeline alone (1 thread): {results['data_pipeline_images_per_s']:.0f} img/s; "
+        + (f"with TrivialAugment: {trivial:.0f} img/s" if trivial else "TrivialAugment not timed"),
     ]
     if "peak_memory_mb" in results:
         lines += [

@@ -21,6 +21,18 @@ TINY = dict(
 )
 
 
+def quiet_trainer(root: Path | None, **kwargs) -> L.Trainer:
+    """A Trainer with no logger, checkpoints, progress bar or summary unless asked; files under root."""
+    quiet = dict(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
+    return L.Trainer(**{**quiet, **kwargs})
+
+
 @pytest.fixture
 def tiny_model() -> VisionTransformer:
     torch.manual_seed(0)

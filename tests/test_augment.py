@@ -7,7 +7,14 @@ import torch
 import torch.nn.functional as F
 import torchvision.transforms.functional as TF
 
-from vit.augment import TrainAugment, normalize, random_crop, random_hflip
+from vit.augment import (
+    TrainAugment,
+    mix_batch,
+    normalize,
+    random_crop,
+    random_hflip,
+    trivial_augment,
+)
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
@@ -139,3 +146,61 @@ def test_train_augment_off_is_identity_and_validates_padding() -> None:
     assert "padding=4, hflip=True" in repr(TrainAugment())
     with pytest.raises(ValueError, match="padding must be an int >= 0, got -2"):
         TrainAugment(padding=-2)
+
+
+def _uint8_batch(n: int = 16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g)
+
+
+def test_trivial_augment_is_per_image_seeded_and_leaves_the_global_rng_alone() -> None:
+    images = _uint8_batch()
+    state = torch.get_rng_state()
+    a = trivial_augment(images, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(torch.get_rng_state(), state)
+    b = trivial_augment(images, generator=torch.Generator().manual_seed(1))
+    c = trivial_augment(images, generator=torch.Generator().manual_seed(2))
+    assert a.dtype == torch.uint8 and a.shape == images.shape
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    changed = (a != images).flatten(1).float().mean(1)  # how much of each image an op touched
+    assert changed.unique().numel() > 3  # ops and strengths differ from image to image
+    with pytest.raises(ValueError, match="uint8"):
+        trivial_augment(images.float())
+
+
+def test_train_augment_with_trivial_augment_differs_from_crop_and_flip_alone() -> None:
+    images = _uint8_batch()
+    plain = TrainAugment()(images, generator=torch.Generator().manual_seed(0))
+    strong = TrainAugment(trivial=True)(images, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(plain, strong) and strong.shape == images.shape
+
+
+def test_mixup_targets_weigh_the_two_images_as_mixed() -> None:
+    images = torch.randn(8, 3, 4, 4)
+    labels = torch.arange(8) % 10
+    g = torch.Generator().manual_seed(0)
+    mixed, targets = mix_batch(images, labels, num_classes=10, mixup_alpha=0.8, generator=g)
+    lam = targets[0, labels[0]].item()
+    assert 0 < lam < 1
+    torch.testing.assert_close(mixed, images * lam + images.flip(0) * (1 - lam))
+    torch.testing.assert_close(targets.sum(1), torch.ones(8))
+
+
+def test_cutmix_targets_match_the_pasted_area() -> None:
+    images = torch.zeros(4, 3, 32, 32)
+    images[2:] = 1.0  # images 0, 1 are black, 2, 3 white: the pasted box shows as ones
+    labels = torch.tensor([0, 1, 2, 3])
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        mixed, targets = mix_batch(images, labels, num_classes=4, cutmix_alpha=1.0, generator=g)
+        shown_other = mixed[0, 0].mean().item()  # fraction of image 0 taken from image 3
+        assert targets[0, 3].item() == pytest.approx(shown_other, abs=1e-6)
+        assert targets[0, 0].item() == pytest.approx(1 - shown_other, abs=1e-6)
+
+
+def test_mixing_off_gives_one_hot_and_bad_values_fail() -> None:
+    images, labels = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 1])
+    out, targets = mix_batch(images, labels, num_classes=3, mixup_alpha=1.0, prob=0.0)
+    assert torch.equal(out, images) and torch.equal(targets, F.one_hot(labels, 3).float())
+    with pytest.raises(ValueError, match="must be >= 0"):
+        mix_batch(images, labels, num_classes=3, cutmix_alpha=-1.0)

@@ -42,7 +42,9 @@ def test_interleaved_timing_and_markdown_table() -> None:
             "machine": {"cuda": False},
             "rows": rows,
             "data_pipeline_images_per_s": 1e5,
+            "data_pipeline_trivial_augment_images_per_s": 2500.0,
         }
     )
+    assert "1 thread): 100000 img/s; with TrivialAugment: 2500 img/s" in table
     assert "| 32 | 4 | train | ours | 100.0 | 100.0 | 1.01x |" in table  # best ours / this row
     assert "GPU: not measured" in table

@@ -42,6 +42,9 @@ def test_train_checkpoint_evaluate_end_to_end(image_tree_tgz: Path, tmp_path: Pa
     assert saved["top1"] == result["top1"]
     with Image.open(tmp_path / "eval" / "confusion_matrix_test.png") as png:
         assert png.format == "PNG" and png.size[0] > 100
+    assert result["flip"] is False  # the checkpoint's model.test_flip
+    flipped = run_evaluate([str(last), "--flip", "--output-dir", str(tmp_path / "eval_flip")])
+    assert flipped["flip"] is True and flipped["num_images"] == 12
 
     # a second run gets its own folder: nothing of the first is overwritten
     train_main(train_args(image_tree_tgz, runs, "--trainer.max_epochs=1"))

@@ -18,6 +18,7 @@ import torchvision
 from PIL import Image
 
 import vit.folder_source
+from tests.conftest import quiet_trainer
 from vit.data import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
@@ -376,15 +377,12 @@ class _Recorder(L.LightningModule):
 
 def test_trainer_gets_normalized_batches_augmented_only_in_training(image_tree: Path) -> None:
     dm, model = _datamodule(image_tree), _Recorder()
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
+        None,
         accelerator="cpu",
         max_epochs=1,
         limit_train_batches=2,
         num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(model, datamodule=dm)
     assert len(model.seen["train"]) == 2 and len(model.seen["val"]) == 1

@@ -5,9 +5,10 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.conftest import TINY
+from tests.conftest import TINY, quiet_trainer
 from vit.lit_module import ViTClassifier, WarmupCosine, param_groups
 
 TINY_ARGS = {k: v for k, v in TINY.items() if k != "img_size"}
@@ -47,6 +48,8 @@ def test_sizes_come_from_the_preset_unless_overridden() -> None:
         (dict(preset="vit_giant"), "unknown preset 'vit_giant'"),
         (dict(patch_size=64), "larger than img_size"),
         (dict(drop_rate=1.2), "drop_rate=1.2"),
+        (dict(mixup_alpha=-0.2), "mixup_alpha=-0.2"),
+        (dict(cutmix_alpha=1.0, mix_prob=2.0), "mix_prob=2.0 in \\[0, 1\\]"),
     ],
 )
 def test_bad_values_fail_clearly(kwargs: dict, message: str) -> None:
@@ -66,12 +69,9 @@ def _loader(n: int = 64) -> DataLoader:
 
 def test_fit_logs_stage_metrics_and_steps_the_schedule(tmp_path) -> None:
     module = ViTClassifier(preset="vit_nano", **TINY_ARGS, lr=1e-3, warmup_epochs=1.0)
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
+        tmp_path,
         max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
     )
     trainer.fit(module, _loader(), _loader(32))
     logged = trainer.callback_metrics
@@ -86,13 +86,10 @@ def test_fit_logs_stage_metrics_and_steps_the_schedule(tmp_path) -> None:
 
 def test_max_epochs_is_required_for_the_schedule(tmp_path) -> None:
     module = ViTClassifier(preset="vit_nano", **TINY_ARGS)
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
+        tmp_path,
         max_epochs=-1,
         max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
     )
     with pytest.raises(ValueError, match="max_epochs"):
         trainer.fit(module, _loader())
@@ -103,23 +100,21 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_p
 
     module = ViTClassifier(preset="vit_nano", **TINY_ARGS)
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=2)
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
+        tmp_path,
         max_epochs=3,
-        logger=False,
         callbacks=[ckpt],
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
+        enable_checkpointing=True,
     )
     trainer.fit(module, _loader())  # 4 steps per epoch, a checkpoint every 2
     good = (tmp_path / "last.ckpt").read_bytes()
     bad = torch.randn(16, 3, 32, 32)
     bad[0, 0, 0, 0] = float("nan")
-    trainer = L.Trainer(
+    trainer = quiet_trainer(
+        tmp_path,
         max_epochs=4,
-        logger=False,
         callbacks=[ckpt],
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
+        enable_checkpointing=True,
     )
     with pytest.raises(FloatingPointError, match=r"loss is nan at step 12 \(epoch 3, batch 0\)"):
         trainer.fit(
@@ -128,3 +123,152 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_p
             ckpt_path=tmp_path / "last.ckpt",
         )
     assert (tmp_path / "last.ckpt").read_bytes() == good
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ([[0.1, 16], [0.5, 32]], "must start at 0, rise, and stay below 1"),
+        ([[0, 16], [0, 32]], "must start at 0, rise"),
+        ([[0, 16], [1.0, 32]], "stay below 1"),
+        ([[0, 12], [0.5, 32]], "side 12 is not a positive multiple of patch_size=8"),
+        ([[0]], "must be a list of \\[fraction, side\\]"),
+    ],
+)
+def test_bad_resolution_schedules_fail_clearly(schedule: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ViTClassifier(preset="vit_nano", **TINY_ARGS, res_schedule=schedule)
+
+
+def test_resolution_curriculum_trains_on_smaller_images_then_full_size(tmp_path) -> None:
+    module = ViTClassifier(
+        preset="vit_nano",
+        **TINY_ARGS,
+        res_schedule=[[0, 16], [0.3, 24], [0.6, 32]],
+        fused_adamw=True,
+    )
+    assert [module.train_resolution(p) for p in (0, 0.29, 0.3, 0.59, 0.6, 1.0)] == [
+        16,
+        16,
+        24,
+        24,
+        32,
+        32,
+    ]
+    seen: list[tuple[bool, int]] = []
+    module.model.patch_embed.register_forward_pre_hook(
+        lambda m, args: seen.append((m.training, args[0].shape[-1]))
+    )
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=3,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, _loader(32), _loader(16))
+    train_sides = [side for training, side in seen if training]
+    # 6 steps: progress 0, 1/6 -> 16; 2/6, 3/6 -> 24; 4/6, 5/6 -> 32
+    assert train_sides == [16, 16, 24, 24, 32, 32]
+    assert {side for training, side in seen if not training} == {32}  # validation: full size
+    assert trainer.optimizers[0].defaults["fused"] is True
+
+
+def test_test_flip_scores_the_mean_of_image_and_mirror(tmp_path) -> None:
+    torch.manual_seed(0)
+    plain = ViTClassifier(preset="vit_nano", **TINY_ARGS)
+    flipped = ViTClassifier(preset="vit_nano", **TINY_ARGS, test_flip=True)
+    flipped.load_state_dict(plain.state_dict())
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    expected = F.cross_entropy((plain(x) + plain(x.flip(-1))) / 2, y)
+    trainer = quiet_trainer(tmp_path)
+    loss = trainer.test(flipped, DataLoader(TensorDataset(x, y), batch_size=8), verbose=False)
+    assert loss[0]["test/loss"] == pytest.approx(expected.item(), rel=1e-5)
+    unflipped = F.cross_entropy(plain(x), y).item()
+    assert loss[0]["test/loss"] != pytest.approx(unflipped, rel=1e-5)
+
+
+def test_mixup_and_cutmix_train_on_soft_targets(tmp_path, monkeypatch) -> None:
+    import vit.lit_module as lm
+
+    calls: list[tuple[float, float]] = []
+    real = lm.mix_batch
+
+    def spy(images, labels, **kw):
+        out, targets = real(images, labels, **kw)
+        calls.append((targets.max().item(), targets.sum(1).mean().item()))
+        return out, targets
+
+    monkeypatch.setattr(lm, "mix_batch", spy)
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, mixup_alpha=0.8, cutmix_alpha=1.0)
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=1,
+    )
+    trainer.fit(module, _loader(64), _loader(16))
+    assert len(calls) == 4  # every training step, no validation step
+    assert any(peak < 1.0 for peak, _ in calls)  # some targets are really mixed
+    assert all(total == pytest.approx(1.0) for _, total in calls)
+    assert torch.isfinite(trainer.callback_metrics["train/loss"])
+    assert 0 <= trainer.callback_metrics["train/acc"] <= 1
+
+
+class FakeClock:
+    """Advances `tick` seconds each time it is read: a deterministic stand-in for wall time."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_time_budget_anneals_to_zero_and_stops_when_the_time_is_up(tmp_path) -> None:
+    module = ViTClassifier(
+        preset="vit_nano",
+        **TINY_ARGS,
+        time_budget_min=1.0,
+        warmup_fraction=0.1,
+        res_schedule=[[0, 16], [0.5, 32]],
+    )
+    module._clock = FakeClock(tick=1.0)  # each read is a second later: ~2 s per step
+    lrs, sides = [], []
+    module.model.patch_embed.register_forward_pre_hook(
+        lambda m, args: sides.append(args[0].shape[-1]) if m.training else None
+    )
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=1000,  # an upper bound: the budget ends training
+        num_sanity_val_steps=0,
+        val_check_interval="01:00:00:00",  # only the last validation, the one the stop triggers
+        callbacks=[Record()],
+    )
+    trainer.fit(module, _loader(32), _loader(16))
+    assert trainer.current_epoch < 999 and 20 <= trainer.global_step <= 40  # 60 s at ~2 s a step
+    assert module.progress() == 1.0
+    assert max(lrs) == pytest.approx(1e-3, rel=0.05) and lrs[-1] < 5e-5  # warmed up, annealed
+    assert trainer.optimizers[0].param_groups[0]["lr"] < 1e-6  # at zero when the time is up
+    assert "val/acc" in trainer.callback_metrics  # the stop ran a final validation
+    assert sides[0] == 16 and sides[-1] == 32
+
+
+def test_time_budget_refuses_validation_every_other_epoch(tmp_path) -> None:
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, time_budget_min=1.0, warmup_fraction=0)
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=5,
+        check_val_every_n_epoch=2,
+    )
+    with pytest.raises(ValueError, match="check_val_every_n_epoch=2 with model.time_budget_min"):
+        trainer.fit(module, _loader(32), _loader(16))
+
+
+def test_time_budget_needs_a_warmup_fraction_and_positive_minutes() -> None:
+    with pytest.raises(ValueError, match="set model.warmup_fraction"):
+        ViTClassifier(preset="vit_nano", **TINY_ARGS, time_budget_min=60.0, warmup_epochs=2.0)
+    with pytest.raises(ValueError, match="time_budget_min=0"):
+        ViTClassifier(preset="vit_nano", **TINY_ARGS, time_budget_min=0, warmup_fraction=0.05)

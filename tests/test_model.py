@@ -177,3 +177,19 @@ def test_library_imports_stay_light(modules: str, forbidden: tuple[str, ...]) ->
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_dynamic_img_size_takes_smaller_grids_and_trains_the_one_position_table() -> None:
+    torch.manual_seed(0)
+    strict = VisionTransformer(**TINY)
+    dynamic = VisionTransformer(**TINY, dynamic_img_size=True)
+    dynamic.load_state_dict(strict.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(dynamic(x), strict(x))  # at its own size: the same function
+    small = torch.randn(2, 3, 16, 16)  # a 2x2 grid instead of 4x4
+    with pytest.raises(ValueError, match="expected images of shape"):
+        strict(small)
+    dynamic(small).sum().backward()
+    assert dynamic.pos_embed.grad is not None and dynamic.pos_embed.grad[:, 1:].abs().sum() > 0
+    with pytest.raises(ValueError, match=r"expected images of shape \(B, 3, 32, 32\)"):
+        dynamic(torch.randn(2, 3, 20, 20))  # not whole patches

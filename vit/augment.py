@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -94,10 +95,79 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Te
     return images.float().div_(255.0).sub_(mean_t).div_(std_t)
 
 
-class TrainAugment(nn.Module):
-    """The CIFAR-10 training augmentation: random crop with zero padding, then random flip."""
+def trivial_augment(images: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+    """TrivialAugment (https://arxiv.org/abs/2103.10951), one op and strength drawn per image.
 
-    def __init__(self, *, padding: int = 4, hflip: bool = True) -> None:
+    torchvision's v2.TrivialAugmentWide draws one op for a whole batch, so it runs per image here;
+    its draws come from the global RNG, forked and seeded from `generator` so that the batch is a
+    function of the generator alone (a resumed run augments alike) and the global RNG is untouched.
+    """
+    _check_batch(images, name="trivial_augment")
+    if images.dtype != torch.uint8:
+        raise ValueError(f"trivial_augment expects uint8 images, got dtype {images.dtype}.")
+    from torchvision.transforms import v2  # torchvision only where this augmentation is used
+
+    op = v2.TrivialAugmentWide()
+    seed = int(
+        torch.randint(0, 2**62, (), generator=generator, device=_draw_device(images, generator))
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return torch.stack([op(image) for image in images])
+
+
+def mix_batch(
+    images: Tensor,
+    labels: Tensor,
+    *,
+    num_classes: int,
+    mixup_alpha: float = 0.0,
+    cutmix_alpha: float = 0.0,
+    prob: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Mixup (https://arxiv.org/abs/1710.09412) or CutMix (https://arxiv.org/abs/1905.04899).
+
+    Each image is mixed with the batch's mirror order (image i with image B-1-i), one lambda per
+    batch drawn from Beta(alpha, alpha); with both alphas set, each batch picks one at even odds.
+    Returns the images and (B, num_classes) soft targets whose weights match what each image shows
+    (for CutMix, the pasted area). With probability 1 - prob, or both alphas 0, only one-hot.
+    """
+    _check_batch(images, name="mix_batch")
+    if mixup_alpha < 0 or cutmix_alpha < 0 or not 0 <= prob <= 1:
+        raise ValueError(
+            f"mixup_alpha={mixup_alpha} and cutmix_alpha={cutmix_alpha} must be >= 0 (0 is off) "
+            f"and prob={prob} in [0, 1]."
+        )
+    targets = F.one_hot(labels, num_classes).to(torch.float32)
+    draws = torch.rand(3, generator=generator, device=_draw_device(images, generator)).tolist()
+    if (mixup_alpha == 0 and cutmix_alpha == 0) or draws[0] >= prob:
+        return images, targets
+    use_cutmix = cutmix_alpha > 0 and (mixup_alpha == 0 or draws[1] < 0.5)
+    alpha = cutmix_alpha if use_cutmix else mixup_alpha
+    seed = int(draws[2] * 2**53)
+    lam = float(np.random.default_rng(seed).beta(alpha, alpha))  # torch's Beta takes no generator
+    other = images.flip(0)
+    if use_cutmix:  # paste a box of area ~(1 - lam) from the other image, centred anywhere
+        h, w = images.shape[-2:]
+        rng = np.random.default_rng(seed + 1)
+        ch, cw = int(h * (1 - lam) ** 0.5), int(w * (1 - lam) ** 0.5)
+        cy, cx = int(rng.integers(0, h)), int(rng.integers(0, w))
+        top, bottom = max(cy - ch // 2, 0), min(cy + ch - ch // 2, h)
+        left, right = max(cx - cw // 2, 0), min(cx + cw - cw // 2, w)
+        images = images.clone()
+        images[..., top:bottom, left:right] = other[..., top:bottom, left:right]
+        lam = 1 - (bottom - top) * (right - left) / (h * w)  # what is really shown
+    else:
+        images = images * lam + other * (1 - lam)
+    return images, targets * lam + targets.flip(0) * (1 - lam)
+
+
+class TrainAugment(nn.Module):
+    """The CIFAR-10 training augmentation: random crop with zero padding, random flip, and
+    (optional) TrivialAugment."""
+
+    def __init__(self, *, padding: int = 4, hflip: bool = True, trivial: bool = False) -> None:
         super().__init__()
         if not isinstance(padding, int) or padding < 0:
             raise ValueError(
@@ -106,13 +176,16 @@ class TrainAugment(nn.Module):
             )
         self.padding = padding
         self.hflip = bool(hflip)
+        self.trivial = bool(trivial)
 
     def forward(self, images: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
         """(B, C, H, W) uint8 -> (B, C, H, W) uint8, augmented per image."""
         images = random_crop(images, padding=self.padding, generator=generator)
         if self.hflip:
             images = random_hflip(images, p=0.5, generator=generator)
+        if self.trivial:
+            images = trivial_augment(images, generator=generator)
         return images
 
     def extra_repr(self) -> str:
-        return f"padding={self.padding}, hflip={self.hflip}"
+        return f"padding={self.padding}, hflip={self.hflip}, trivial={self.trivial}"

@@ -169,6 +169,13 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--precision", choices=("32", "bf16"), default="32")
     parser.add_argument(
+        "--flip",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="test-time flip: average the logits of each image and its mirror "
+        "(default: the checkpoint's model.test_flip)",
+    )
+    parser.add_argument(
         "--output-dir",
         type=Path,
         default=None,
@@ -192,14 +199,16 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     dm.setup("test" if ns.split == "test" else "validate")
     loader = dm.test_dataloader() if ns.split == "test" else dm.val_dataloader()
     classes = list(hparams.get("class_names") or dm.classes)
+    flip = bool(hparams.get("test_flip", False)) if ns.flip is None else ns.flip
     result = evaluate_loader(
         model,
         loader,
         preprocess=dm.preprocess,
         classes=classes,
         dtype=torch.bfloat16 if ns.precision == "bf16" else None,
+        flip=flip,
     )
-    result.update(checkpoint=str(ns.checkpoint), split=ns.split, data=dict(dm.hparams))
+    result.update(checkpoint=str(ns.checkpoint), split=ns.split, flip=flip, data=dict(dm.hparams))
 
     out = ns.output_dir or ns.checkpoint.parent.parent / "eval"
     out.mkdir(parents=True, exist_ok=True)

@@ -129,6 +129,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         num_workers: int = 0,
         crop_padding: int = 4,
         hflip: bool = True,
+        trivial_augment: bool = False,
         drop_last: bool = True,
     ) -> None:
         super().__init__()
@@ -144,7 +145,9 @@ class CIFAR10DataModule(L.LightningDataModule):
         _check_int("train_subset", train_subset, minimum=1, optional=True)
         self.save_hyperparameters()
         self.eval_batch_size = eval_batch_size or 2 * batch_size
-        self.train_augment = TrainAugment(padding=crop_padding, hflip=hflip)
+        self.train_augment = TrainAugment(
+            padding=crop_padding, hflip=hflip, trivial=trivial_augment
+        )
         self.train_dataset: TensorImageDataset | None = None
         self.val_dataset: TensorImageDataset | None = None
         self.test_dataset: TensorImageDataset | None = None

@@ -14,7 +14,13 @@ class PatchEmbed(nn.Module):
     """
 
     def __init__(
-        self, *, img_size: int = 32, patch_size: int = 4, in_chans: int = 3, embed_dim: int = 192
+        self,
+        *,
+        img_size: int = 32,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        embed_dim: int = 192,
+        dynamic_img_size: bool = False,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -34,12 +40,21 @@ class PatchEmbed(nn.Module):
         self.img_size = img_size
         self.patch_size = patch_size
         self.in_chans = in_chans
+        self.dynamic_img_size = dynamic_img_size
         self.grid_size = img_size // patch_size
         self.num_patches = self.grid_size**2
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        """(B, C, H, W) images -> (B, grid*grid, embed_dim) patch vectors, row by row."""
+        """(B, C, H, W) images -> (B, grid*grid, embed_dim) patch vectors, row by row.
+
+        With `dynamic_img_size`, any square image whose side is a multiple of the patch is taken
+        (the model then resizes its position table to the grid): a low-resolution curriculum.
+        """
+        if self.dynamic_img_size and x.ndim == 4 and x.shape[1] == self.in_chans:
+            side = x.shape[-1]
+            if x.shape[-2] == side and side % self.patch_size == 0:
+                return self.proj(x).flatten(2).transpose(1, 2)
         if x.ndim != 4 or x.shape[1:] != (self.in_chans, self.img_size, self.img_size):
             raise ValueError(
                 f"expected images of shape (B, {self.in_chans}, {self.img_size}, {self.img_size}), "

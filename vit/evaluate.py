@@ -18,8 +18,12 @@ def evaluate_loader(
     preprocess: Callable[[Tensor], Tensor],
     classes: list[str],
     dtype: torch.dtype | None = None,
+    flip: bool = False,
 ) -> dict[str, Any]:
-    """Run `model` over (uint8 images, labels) batches; return plain-Python metrics."""
+    """Run `model` over (uint8 images, labels) batches; return plain-Python metrics.
+
+    `flip` scores the mean of the logits of each image and its mirror image (test-time flip).
+    """
     model.eval()
     device = next(model.parameters()).device
     num_classes = len(classes)
@@ -36,7 +40,10 @@ def evaluate_loader(
             else contextlib.nullcontext()
         )
         with autocast:
-            logits = model(x).float().cpu()
+            logits = model(x).float()
+            if flip:
+                logits = (logits + model(x.flip(-1)).float()) / 2
+            logits = logits.cpu()
         pred = logits.argmax(dim=-1)
         confusion += torch.bincount(
             labels * num_classes + pred, minlength=num_classes * num_classes

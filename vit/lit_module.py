@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Literal
 
 import lightning as L
@@ -12,6 +13,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.attention import Kernel
+from vit.augment import mix_batch
 from vit.model import VisionTransformer, model_config
 
 Stage = Literal["train", "val", "test"]
@@ -19,6 +21,11 @@ Stage = Literal["train", "val", "test"]
 
 class ViTClassifier(L.LightningModule):
     """Cross-entropy with label smoothing, AdamW, linear warm-up then cosine decay per step.
+
+    Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
+    low-resolution curriculum (`res_schedule`), fused AdamW, test-time flip (`test_flip`), and a
+    wall-clock budget (`time_budget_min`): the schedule then runs on the fraction of the budget
+    used, reaches its end when the time is up, and training stops there (after a last validation).
 
     Model sizes come from `preset`; any size argument left at None takes the preset's value, so a
     config can say `preset: vit_tiny` and override one thing. Plain values only, so that
@@ -48,8 +55,16 @@ class ViTClassifier(L.LightningModule):
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_epochs: float = 1.0,
+        warmup_fraction: float | None = None,
+        time_budget_min: float | None = None,
         min_lr: float = 0.0,
         label_smoothing: float = 0.1,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        mix_prob: float = 1.0,
+        res_schedule: list[tuple[float, int]] | None = None,
+        fused_adamw: bool | None = None,
+        test_flip: bool = False,
         class_names: list[str] | None = None,
     ) -> None:
         super().__init__()
@@ -62,6 +77,27 @@ class ViTClassifier(L.LightningModule):
             label_smoothing=label_smoothing,
             betas=betas,
         )
+        if mixup_alpha < 0 or cutmix_alpha < 0 or not 0 <= mix_prob <= 1:
+            raise ValueError(
+                f"mixup_alpha={mixup_alpha} and cutmix_alpha={cutmix_alpha} must be >= 0 (0 turns "
+                f"each off; 0.8 and 1.0 are DeiT's) and mix_prob={mix_prob} in [0, 1]."
+            )
+        self.res_schedule = _check_res_schedule(res_schedule, patch_size=patch_size)
+        if warmup_fraction is not None and not 0 <= warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1), e.g. 0.05.")
+        if time_budget_min is not None:
+            if not time_budget_min > 0:
+                raise ValueError(f"time_budget_min={time_budget_min} must be positive minutes.")
+            if warmup_fraction is None and warmup_epochs > 0:
+                raise ValueError(
+                    "with time_budget_min the number of epochs is not known in advance: set "
+                    "model.warmup_fraction (e.g. 0.05 of the budget) instead of warmup_epochs."
+                )
+        self._clock = time.monotonic  # tests replace it with a fake clock
+        self._clock_start: float | None = None
+        self._elapsed_before = 0.0  # seconds of budget used before a resume
+        self._total_steps = 1
+        self._progress = 0.0
         self.model = VisionTransformer(
             **model_config(
                 preset,
@@ -80,6 +116,7 @@ class ViTClassifier(L.LightningModule):
                 attn_drop_rate=attn_drop_rate,
                 drop_path_rate=drop_path_rate,
                 kernel=kernel,
+                dynamic_img_size=res_schedule is not None,
             )
         )
         # One metric object per stage and k, so that states never mix (Lightning's advice).
@@ -112,11 +149,75 @@ class ViTClassifier(L.LightningModule):
         if self.hparams.class_names is None:
             self.hparams.class_names = list(classes)
 
+    def train_resolution(self, progress: float) -> int | None:
+        """The side training images are resized to at this fraction of training (None: as loaded)."""
+        if self.res_schedule is None:
+            return None
+        return [size for start, size in self.res_schedule if start <= progress][-1]
+
+    def elapsed_s(self) -> float:
+        """Wall-clock seconds of training so far (validation included), across resumes."""
+        if self._clock_start is None:
+            return self._elapsed_before
+        return self._clock() - self._clock_start
+
+    def progress(self) -> float:
+        """Fraction of training done, in [0, 1]: of the time budget, or of the planned steps.
+
+        Under DDP the time is rank 0's, broadcast, so that every rank uses the same lr and stops
+        at the same step.
+        """
+        if self.hparams.time_budget_min is None:
+            return min(1.0, self.global_step / self._total_steps)
+        elapsed = self.elapsed_s()
+        if self._trainer is not None:
+            elapsed = self.trainer.strategy.broadcast(elapsed, src=0)
+        return min(1.0, elapsed / (60.0 * self.hparams.time_budget_min))
+
+    def on_train_start(self) -> None:
+        every = self.trainer.check_val_every_n_epoch
+        if self.hparams.time_budget_min is not None and every not in (None, 1):
+            raise ValueError(
+                f"check_val_every_n_epoch={every} with model.time_budget_min: training stops "
+                f"mid-epoch when the time is up, and Lightning validates there only in an epoch "
+                f"it validates in. Use check_val_every_n_epoch: 1 and a time interval such as "
+                f'val_check_interval: "00:00:05:00".'
+            )
+        self._clock_start = self._clock() - self._elapsed_before
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._progress = self.progress()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.hparams.time_budget_min is not None and self.progress() >= 1.0:
+            self.trainer.should_stop = True  # Lightning validates once more, then stops
+
     def _shared_step(self, batch: tuple[Tensor, Tensor], stage: Stage) -> Tensor:
         images, labels = batch
-        logits = self(images).float()
+        targets = labels
+        if stage == "train":
+            hp = self.hparams
+            if hp.mixup_alpha > 0 or hp.cutmix_alpha > 0:
+                images, targets = mix_batch(
+                    images,
+                    labels,
+                    num_classes=hp.num_classes,
+                    mixup_alpha=hp.mixup_alpha,
+                    cutmix_alpha=hp.cutmix_alpha,
+                    prob=hp.mix_prob,
+                )  # soft targets; accuracy stays against the labels
+            side = self.train_resolution(self._progress)
+            if side is not None and side != images.shape[-1]:  # the low-resolution curriculum
+                images = F.interpolate(
+                    images, size=(side, side), mode="bilinear", antialias=True, align_corners=False
+                )
+            logits = self(images).float()
+        elif self.hparams.test_flip:  # mean of the image's and its mirror's logits
+            logits = (self(images).float() + self(images.flip(-1)).float()) / 2
+        else:
+            logits = self(images).float()
         smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
-        loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
+        loss = F.cross_entropy(logits, targets, label_smoothing=smoothing)
         on_step = stage == "train"
         self.log(
             f"{stage}/loss",
@@ -158,10 +259,12 @@ class ViTClassifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the global RNG state (dropout, drop-path) so that a resumed run draws alike."""
         checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        checkpoint["train_elapsed_s"] = self.elapsed_s()
         if torch.cuda.is_available():
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._elapsed_before = float(checkpoint.get("train_elapsed_s", 0.0))
         state = checkpoint.get("rng_state") or {}
         if "torch" in state:
             torch.set_rng_state(state["torch"])
@@ -171,15 +274,37 @@ class ViTClassifier(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         optimizer = torch.optim.AdamW(
-            param_groups(self.model, weight_decay=hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas)
+            param_groups(self.model, weight_decay=hp.weight_decay),
+            lr=hp.lr,
+            betas=tuple(hp.betas),
+            fused=hp.fused_adamw,
         )
-        total = int(self.trainer.estimated_stepping_batches)
         epochs = self.trainer.max_epochs
         if epochs is None or epochs < 1:
-            raise ValueError("set trainer.max_epochs: the learning-rate schedule ends with it.")
-        warmup = round(total * hp.warmup_epochs / epochs)
-        schedule = WarmupCosine(total_steps=total, warmup_steps=warmup, min_ratio=hp.min_lr / hp.lr)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+            raise ValueError(
+                "set trainer.max_epochs: the learning-rate schedule ends with it (with "
+                "model.time_budget_min it is an upper bound)."
+            )
+        min_ratio = hp.min_lr / hp.lr
+        if hp.time_budget_min is not None:  # the schedule runs on the fraction of time used
+            fine = 1_000_000
+            schedule = WarmupCosine(
+                total_steps=fine,
+                warmup_steps=round(fine * (hp.warmup_fraction or 0.0)),
+                min_ratio=min_ratio,
+            )
+            scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda _: schedule(round(fine * self._progress))
+            )
+        else:
+            total = self._total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+            warmup = (
+                round(total * hp.warmup_fraction)
+                if hp.warmup_fraction is not None
+                else round(total * hp.warmup_epochs / epochs)
+            )
+            schedule = WarmupCosine(total_steps=total, warmup_steps=warmup, min_ratio=min_ratio)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
@@ -211,6 +336,37 @@ class WarmupCosine:
             return (step + 1) / self.warmup
         progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _check_res_schedule(
+    schedule: list[tuple[float, int]] | None, *, patch_size: int
+) -> list[tuple[float, int]] | None:
+    """[[fraction, side], ...]: fractions of training rising from 0 (below 1), whole-patch sides."""
+    if schedule is None:
+        return None
+    example = (
+        "e.g. [[0, 16], [0.3, 24], [0.55, 32]]: 16x16 images for the first 30% of training, "
+        "24x24 until 55%, then 32x32"
+    )
+    try:
+        pairs = [(float(start), int(side)) for start, side in schedule]
+    except (TypeError, ValueError):
+        msg = f"res_schedule={schedule!r} must be a list of [fraction, side]; {example}"
+        raise ValueError(msg) from None
+    starts = [start for start, _ in pairs]
+    rising = all(b > a for a, b in zip(starts, starts[1:], strict=False))
+    if not pairs or starts[0] != 0 or not rising or starts[-1] >= 1:
+        raise ValueError(
+            f"res_schedule={schedule!r}: the fractions must start at 0, rise, and stay below 1; "
+            f"{example}"
+        )
+    for _, side in pairs:
+        if side < patch_size or side % patch_size:
+            raise ValueError(
+                f"res_schedule side {side} is not a positive multiple of patch_size={patch_size}; "
+                f"{example}"
+            )
+    return pairs
 
 
 def _check_training_config(

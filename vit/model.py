@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from vit.attention import Kernel
 from vit.block import Block
-from vit.embed import PatchEmbed, sinusoidal_table
+from vit.embed import PatchEmbed, resize_pos_embed, sinusoidal_table
 
 # Presets sized for 32x32 images with 4x4 patches (64 patches + CLS = 65 tokens).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -47,6 +47,7 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         kernel: Kernel = "auto",
+        dynamic_img_size: bool = False,
     ) -> None:
         super().__init__()
         _check_config(locals())
@@ -55,7 +56,11 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = 1 if class_token else 0
         self.embed_dim = embed_dim
         self.patch_embed = PatchEmbed(
-            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            dynamic_img_size=dynamic_img_size,
         )
         num_tokens = self.num_prefix_tokens + self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
@@ -108,9 +113,13 @@ class VisionTransformer(nn.Module):
     def embed(self, x: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, N, D) tokens: patch vectors, CLS prepended, positions added."""
         x = self.patch_embed(x)
+        pos = self.pos_embed
+        if x.shape[1] != self.patch_embed.num_patches:  # dynamic_img_size: another grid
+            grid = int(round(x.shape[1] ** 0.5))
+            pos = resize_pos_embed(pos, new_grid=grid, num_prefix_tokens=self.num_prefix_tokens)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + self.pos_embed)
+        return self.pos_drop(x + pos)
 
     def forward_features(self, x: Tensor) -> Tensor:
         x = self.embed(x)
