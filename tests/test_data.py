@@ -465,3 +465,13 @@ def test_real_cifar10_archive(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert test_labels.bincount().tolist() == [1000] * 10
     mean = train.float().mean(dim=(0, 2, 3)) / 255
     torch.testing.assert_close(mean, torch.tensor(CIFAR10_MEAN), rtol=0, atol=2e-3)
+
+
+def test_split_seed_fixes_the_validation_split_while_seed_changes_the_rest() -> None:
+    a = CIFAR10DataModule(seed=0, val_size=100).split_indices(1000)
+    b = CIFAR10DataModule(seed=1, split_seed=0, val_size=100).split_indices(1000)
+    c = CIFAR10DataModule(seed=1, val_size=100).split_indices(1000)
+    assert torch.equal(a[1], b[1]) and torch.equal(a[0], b[0])
+    assert not torch.equal(a[1], c[1])
+    with pytest.raises(ValueError, match="split_seed must be an integer >= 0"):
+        CIFAR10DataModule(split_seed=-1)

@@ -126,6 +126,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         val_size: int = 5000,
         train_subset: int | None = None,
         seed: int = 0,
+        split_seed: int | None = None,
         num_workers: int = 0,
         crop_padding: int = 4,
         hflip: bool = True,
@@ -139,6 +140,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         _check_int("batch_size", batch_size, minimum=1)
         _check_int("val_size", val_size, minimum=0)
         _check_int("seed", seed, minimum=0)
+        _check_int("split_seed", split_seed, minimum=0, optional=True)
         _check_int("num_workers", num_workers, minimum=0)
         _check_int("crop_padding", crop_padding, minimum=0)
         _check_int("eval_batch_size", eval_batch_size, minimum=1, optional=True)
@@ -206,7 +208,8 @@ class CIFAR10DataModule(L.LightningDataModule):
                 f"val_size={hp.val_size} leaves no training images: the training split has "
                 f"{num_images}; choose val_size < {num_images}."
             )
-        perm = torch.randperm(num_images, generator=torch.Generator().manual_seed(hp.seed))
+        split_seed = hp.seed if hp.split_seed is None else hp.split_seed
+        perm = torch.randperm(num_images, generator=torch.Generator().manual_seed(split_seed))
         val, train = perm[: hp.val_size], perm[hp.val_size :]
         if hp.train_subset is not None:
             if hp.train_subset > len(train):
