@@ -116,6 +116,15 @@ def trivial_augment(images: Tensor, *, generator: torch.Generator | None = None)
         return torch.stack([op(image) for image in images])
 
 
+def check_mix_args(mixup_alpha: float, cutmix_alpha: float, prob: float) -> None:
+    """Raise, with the fix, unless both alphas are >= 0 and the mixing probability is in [0, 1]."""
+    if mixup_alpha < 0 or cutmix_alpha < 0 or not 0 <= prob <= 1:
+        raise ValueError(
+            f"mixup_alpha={mixup_alpha} and cutmix_alpha={cutmix_alpha} must be >= 0 (0 turns "
+            f"each off; 0.8 and 1.0 are DeiT's) and mix_prob={prob} in [0, 1]."
+        )
+
+
 def mix_batch(
     images: Tensor,
     labels: Tensor,
@@ -134,11 +143,7 @@ def mix_batch(
     (for CutMix, the pasted area). With probability 1 - prob, or both alphas 0, only one-hot.
     """
     _check_batch(images, name="mix_batch")
-    if mixup_alpha < 0 or cutmix_alpha < 0 or not 0 <= prob <= 1:
-        raise ValueError(
-            f"mixup_alpha={mixup_alpha} and cutmix_alpha={cutmix_alpha} must be >= 0 (0 is off) "
-            f"and prob={prob} in [0, 1]."
-        )
+    check_mix_args(mixup_alpha, cutmix_alpha, prob)
     targets = F.one_hot(labels, num_classes).to(torch.float32)
     draws = torch.rand(3, generator=generator, device=_draw_device(images, generator)).tolist()
     if (mixup_alpha == 0 and cutmix_alpha == 0) or draws[0] >= prob:

@@ -51,17 +51,25 @@ class PatchEmbed(nn.Module):
         With `dynamic_img_size`, any square image whose side is a multiple of the patch is taken
         (the model then resizes its position table to the grid): a low-resolution curriculum.
         """
-        if self.dynamic_img_size and x.ndim == 4 and x.shape[1] == self.in_chans:
-            side = x.shape[-1]
-            if x.shape[-2] == side and side % self.patch_size == 0:
-                return self.proj(x).flatten(2).transpose(1, 2)
         if x.ndim != 4 or x.shape[1:] != (self.in_chans, self.img_size, self.img_size):
-            raise ValueError(
-                f"expected images of shape (B, {self.in_chans}, {self.img_size}, {self.img_size}), "
-                f"got {tuple(x.shape)}. Resize or convert the input, or build the model with "
-                f"img_size/in_chans matching it (checkpoints can be loaded at another image size)."
-            )
+            if not self._takes_dynamic(x):
+                raise ValueError(
+                    f"expected images of shape (B, {self.in_chans}, {self.img_size}, "
+                    f"{self.img_size}), got {tuple(x.shape)}. Resize or convert the input, or "
+                    f"build the model with img_size/in_chans matching it (checkpoints can be "
+                    f"loaded at another image size)."
+                )
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, g, g) -> (B, g*g, D)
+
+    def _takes_dynamic(self, x: Tensor) -> bool:
+        """With dynamic_img_size: a square (B, C, s, s) batch with s a multiple of the patch."""
+        return (
+            self.dynamic_img_size
+            and x.ndim == 4
+            and x.shape[1] == self.in_chans
+            and x.shape[-2] == x.shape[-1]
+            and x.shape[-1] % self.patch_size == 0
+        )
 
 
 def sinusoidal_table(num_positions: int, dim: int, *, base: float = 10000.0) -> Tensor:

@@ -10,6 +10,11 @@ import torch
 from torch import Tensor, nn
 
 
+def flip_averaged_logits(model: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """Test-time flip: the mean of the float logits of each image and of its mirror image."""
+    return (model(x).float() + model(x.flip(-1)).float()) / 2
+
+
 @torch.inference_mode()
 def evaluate_loader(
     model: nn.Module,
@@ -40,10 +45,7 @@ def evaluate_loader(
             else contextlib.nullcontext()
         )
         with autocast:
-            logits = model(x).float()
-            if flip:
-                logits = (logits + model(x.flip(-1)).float()) / 2
-            logits = logits.cpu()
+            logits = (flip_averaged_logits(model, x) if flip else model(x).float()).cpu()
         pred = logits.argmax(dim=-1)
         confusion += torch.bincount(
             labels * num_classes + pred, minlength=num_classes * num_classes

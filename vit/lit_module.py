@@ -13,7 +13,8 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.attention import Kernel
-from vit.augment import mix_batch
+from vit.augment import check_mix_args, mix_batch
+from vit.evaluate import flip_averaged_logits
 from vit.model import VisionTransformer, model_config
 
 Stage = Literal["train", "val", "test"]
@@ -77,11 +78,7 @@ class ViTClassifier(L.LightningModule):
             label_smoothing=label_smoothing,
             betas=betas,
         )
-        if mixup_alpha < 0 or cutmix_alpha < 0 or not 0 <= mix_prob <= 1:
-            raise ValueError(
-                f"mixup_alpha={mixup_alpha} and cutmix_alpha={cutmix_alpha} must be >= 0 (0 turns "
-                f"each off; 0.8 and 1.0 are DeiT's) and mix_prob={mix_prob} in [0, 1]."
-            )
+        check_mix_args(mixup_alpha, cutmix_alpha, mix_prob)
         self.res_schedule = _check_res_schedule(res_schedule, patch_size=patch_size)
         if warmup_fraction is not None and not 0 <= warmup_fraction < 1:
             raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1), e.g. 0.05.")
@@ -213,7 +210,7 @@ class ViTClassifier(L.LightningModule):
                 )
             logits = self(images).float()
         elif self.hparams.test_flip:  # mean of the image's and its mirror's logits
-            logits = (self(images).float() + self(images.flip(-1)).float()) / 2
+            logits = flip_averaged_logits(self, images)
         else:
             logits = self(images).float()
         smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
