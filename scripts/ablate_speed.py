@@ -7,6 +7,12 @@ Variants: attention kernel (explicit / fused), precision (float32; bf16 autocast
 model in bf16 with float32 master weights kept by the optimizer), fused AdamW, torch.compile.
 Writes experiments/benchmarks/ablation.{json,md}.
 
+    python scripts/ablate_speed.py --allocator     # glibc default vs vit.runtime.keep_freed_memory
+
+times training steps of ours, timm (fused attention off) and vit-pytorch in bf16-mixed, each
+allocator setting in its own fresh process (the setting is process-wide), alternating, and writes
+experiments/benchmarks/allocator.{json,md}.
+
     python scripts/ablate_speed.py --resolutions   # the cpu60 recipe's curriculum stages
 
 times the 60-minute recipe's model (width 192, depth 6, MLP ratio 2, bf16-mixed, fused AdamW)
@@ -18,6 +24,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -146,13 +156,72 @@ def resolution_main(args: argparse.Namespace) -> None:
     )
 
 
+ALLOCATOR_MODELS = ("ours", "timm-unfused", "vit-pytorch")
+ALLOCATOR_CHILD = """
+import json, sys
+sys.path.insert(0, "scripts")
+from vit.runtime import keep_freed_memory
+applied = keep_freed_memory()  # a no-op when VIT_KEEP_FREED_MEMORY=0
+import benchmark as bench
+cfg = dict(width=192, depth=6, heads=3, mlp=768)
+steps = {{n: bench.make_steps(bench.build(n, **cfg), batch={batch}, precision="bf16-mixed")[0]
+         for n in {models!r}}}
+secs = bench.time_interleaved(steps, warmup=2, rounds=5)
+print(json.dumps({{"applied": applied, **{{n: {batch} / s for n, s in secs.items()}}}}))
+"""
+
+
+def allocator_main(args: argparse.Namespace) -> None:
+    """Each setting in fresh processes, alternating; median img/s per model over the processes."""
+    code = ALLOCATOR_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS)
+    runs: dict[str, list[dict]] = {"glibc default": [], "freed memory kept": []}
+    for _ in range(args.processes):
+        for setting, flag in (("glibc default", "0"), ("freed memory kept", "1")):
+            env = {**os.environ, "VIT_KEEP_FREED_MEMORY": flag}
+            out = subprocess.run(
+                [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+            )
+            if out.returncode != 0:
+                raise SystemExit(out.stderr)
+            runs[setting].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    table = {
+        setting: {n: statistics.median(r[n] for r in rs) for n in ALLOCATOR_MODELS}
+        for setting, rs in runs.items()
+    }
+    command = f"python scripts/ablate_speed.py --allocator --batch {args.batch}"
+    out = {"command": command, "batch": args.batch, "runs": runs, "median_images_per_s": table}
+    bench.OUT.mkdir(parents=True, exist_ok=True)
+    (bench.OUT / "allocator.json").write_text(json.dumps(out, indent=2))
+    base = table["glibc default"]
+    lines = [
+        f"Command: `{command}` (bf16-mixed training steps, width 192, depth 6, MLP 768; "
+        f"median over {args.processes} fresh processes per setting, alternating)",
+        "",
+        "| allocator | " + " | ".join(ALLOCATOR_MODELS) + " |",
+        "|---|" + "---|" * len(ALLOCATOR_MODELS),
+    ]
+    for setting, rates in table.items():
+        cells = [f"{rates[n]:.1f} ({rates[n] / base[n]:.2f}x)" for n in ALLOCATOR_MODELS]
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    (bench.OUT / "allocator.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--resolutions", action="store_true", help="time the curriculum's stages")
+    p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
+    p.add_argument("--processes", type=int, default=3, help="--allocator: processes per setting")
     args = p.parse_args()
+    if args.allocator:
+        allocator_main(args)
+        return
+    from vit.runtime import keep_freed_memory
+
+    keep_freed_memory()  # as vit-train does
     if args.resolutions:
         resolution_main(args)
         return

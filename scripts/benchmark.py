@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit.model import VisionTransformer
+from vit.runtime import keep_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "experiments" / "benchmarks"
@@ -119,6 +120,55 @@ def time_interleaved(steps: dict[str, Callable], *, warmup: int, rounds: int) ->
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def matmul_ceiling(
+    *, width: int, depth: int, heads: int, mlp: int, batch: int, dtype: torch.dtype, rounds: int = 5
+) -> dict[str, float]:
+    """The fastest a training step could be if only its matrix products took time.
+
+    Times every product of one step (forward, input gradient, weight gradient) of the shared
+    configuration at its real shapes and layouts, in `dtype`, median of `rounds`; their sum is a
+    floor on the step's time whatever the rest costs, so batch / floor bounds the images/s any
+    implementation of these FLOPs reaches on this machine.
+    """
+    tokens = (IMG // PATCH) ** 2 + 1
+    m, bh, d = batch * tokens, batch * heads, width // heads
+    linears = [(width, 3 * width), (width, width), (width, mlp), (mlp, width)]  # (in, out)
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    products: list[tuple[Callable, int]] = []  # (product, times per step)
+    for fan_in, fan_out in linears:
+        x, w, gy = rand(m, fan_in), rand(fan_out, fan_in), rand(m, fan_out)
+        products += [(lambda x=x, w=w: x @ w.t(), depth)]  # forward, as F.linear
+        products += [(lambda gy=gy, w=w: gy @ w, depth)]  # input gradient
+        products += [(lambda gy=gy, x=x: gy.t() @ x, depth)]  # weight gradient
+    q, k, a = rand(bh, tokens, d), rand(bh, d, tokens), rand(bh, tokens, tokens)
+    # q k^T and a v, each once forward and twice backward, at the same two shapes
+    products += [(lambda: torch.bmm(q, k), 3 * depth), (lambda: torch.bmm(a, q), 3 * depth)]
+    patches, proj = rand(batch * (tokens - 1), 3 * PATCH * PATCH), rand(width, 3 * PATCH * PATCH)
+    products += [(lambda: patches @ proj.t(), 2)]  # patch projection forward + weight gradient
+    floor = 0.0
+    for fn, count in products:
+        fn()
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        floor += statistics.median(times) * count
+    flops = (
+        3 * 2 * depth * m * sum(i * o for i, o in linears) + 3 * 2 * depth * 2 * bh * tokens**2 * d
+    )
+    return {
+        "matmul_seconds_per_step": round(floor, 4),
+        "ceiling_images_per_s": round(batch / floor, 1),
+        "gflop_per_image": round(flops / batch / 1e9, 3),
+        "matmul_gflop_per_s": round(flops / floor / 1e9, 1),
+    }
+
+
 def peak_memory_mb(name: str, cfg: dict, batch: int, precision: str) -> float | None:
     """Peak resident memory during two training steps above the level before them, in a fresh
     process (CPU has no allocator counter): the kernel's high-water mark is reset first."""
@@ -183,12 +233,20 @@ def run(args: argparse.Namespace) -> dict:
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "cuda": torch.cuda.is_available(),
+            # vit-train's allocator setting, applied to every model alike (process-wide)
+            "freed_memory_kept": keep_freed_memory(),
         },
         "command": "python scripts/benchmark.py " + " ".join(args.argv),
         "rows": [],
     }
+    results["matmul_ceiling"] = []
     for cfg, batches in args.configs:
         for batch in batches:
+            for precision, dtype in (("32-true", torch.float32), ("bf16-mixed", torch.bfloat16)):
+                row = dict(**cfg, batch=batch, precision=precision)
+                row.update(matmul_ceiling(**cfg, batch=batch, dtype=dtype))
+                results["matmul_ceiling"].append(row)
+                print(json.dumps(row), flush=True)
             for precision in ("32-true", "bf16-mixed"):
                 models = {n: m for n in MODELS if (m := build(n, **cfg)) is not None}
                 for kind in ("train", "infer"):
@@ -240,6 +298,7 @@ def to_markdown(results: dict) -> str:
                 f"| {width} | {batch} | {kind} | {model} | {by_p.get('32-true')} | "
                 f"{by_p.get('bf16-mixed')} | {best_ours / best:.2f}x |"
             )
+    lines += summary_lines(results)
     trivial = results.get("data_pipeline_trivial_augment_images_per_s")
     lines += [
         "",
@@ -266,6 +325,53 @@ def to_markdown(results: dict) -> str:
         ),
     ]
     return "\n".join(lines) + "\n"
+
+
+def summary_lines(results: dict) -> list[str]:
+    """Per (width, batch, step): our best against the fastest peer setting, and for training
+    the matmul-only ceiling of this machine beside twice the fastest peer (the issue's goal)."""
+    rows, ceilings = results["rows"], results.get("matmul_ceiling", [])
+    lines = [
+        "",
+        "| width | batch | step | ours, best setting | fastest peer setting | ratio | "
+        "2x that peer | matmul-only ceiling (bf16) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for width, batch, kind in sorted({(r["width"], r["batch"], r["kind"]) for r in rows}):
+        sel = [r for r in rows if (r["width"], r["batch"], r["kind"]) == (width, batch, kind)]
+        ours = [r for r in sel if r["model"].startswith("ours")]
+        peers = [r for r in sel if not r["model"].startswith("ours")]
+        if not ours or not peers:  # a peer's package is missing
+            continue
+        ours, peer = (max(rs, key=lambda r: r["images_per_s"]) for rs in (ours, peers))
+        ceiling = [
+            c["ceiling_images_per_s"]
+            for c in ceilings
+            if (c["width"], c["batch"], c["precision"]) == (width, batch, "bf16-mixed")
+        ]
+        lines.append(
+            f"| {width} | {batch} | {kind} | {ours['images_per_s']} ({ours['model']}, "
+            f"{ours['precision']}) | {peer['images_per_s']} ({peer['model']}, {peer['precision']}) "
+            f"| {ours['images_per_s'] / peer['images_per_s']:.2f}x | "
+            f"{2 * peer['images_per_s']:.0f} | "
+            + (f"{ceiling[0]:.0f} |" if kind == "train" and ceiling else "- |")
+        )
+    if ceilings:
+        lines += [
+            "",
+            "Matrix products alone (every product of a training step at its real shape, timed "
+            "one by one; their sum bounds the step whatever else it does):",
+            "",
+            "| width | batch | precision | GFLOP/image | matmul s/step | GFLOP/s | ceiling img/s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c['width']} | {c['batch']} | {c['precision']} | {c['gflop_per_image']} | "
+            f"{c['matmul_seconds_per_step']} | {c['matmul_gflop_per_s']} | "
+            f"{c['ceiling_images_per_s']} |"
+            for c in ceilings
+        ]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

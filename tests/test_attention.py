@@ -116,3 +116,17 @@ def test_kernel_choice_is_explicit_and_validated() -> None:
         Attention(8, num_heads=2, kernel="flash")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not divisible by num_heads=3"):
         Attention(8, num_heads=3)
+
+
+@pytest.mark.parametrize("kernel", ["explicit", "fused"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_num_queries_gives_the_first_rows_of_the_full_output(kernel: str, masked: bool) -> None:
+    torch.manual_seed(0)
+    attn = Attention(16, num_heads=4, kernel=kernel).eval()
+    x = torch.randn(2, 7, 16)
+    mask = causal_mask(7) if masked else None
+    full = attn(x, mask=mask)
+    for q in (1, 3):
+        rows = attn(x, mask=mask, num_queries=q)
+        assert rows.shape == (2, q, 16)
+        assert torch.allclose(rows, full[:, :q], atol=1e-6)

@@ -90,6 +90,23 @@ def test_forward_with_attention_equals_forward(kernel: str) -> None:
         assert torch.allclose(w.sum(-1), torch.ones(4, TINY["num_heads"], 17), atol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["explicit", "fused"])
+def test_cls_only_last_block_gives_the_full_forward_logits_and_gradients(kernel: str) -> None:
+    torch.manual_seed(0)
+    model = VisionTransformer(**{**TINY, "depth": 3}, kernel=kernel)
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    grads = []
+    for forward in (model, lambda x: model.forward_head(model.forward_features(x))):
+        model.zero_grad()
+        logits = forward(x)
+        torch.nn.functional.cross_entropy(logits, y).backward()
+        grads.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    (fast, fast_grads), (full, full_grads) = grads
+    assert torch.allclose(fast, full, atol=1e-5)
+    for a, b in zip(fast_grads, full_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
 def test_every_parameter_gets_a_gradient(tiny_model: VisionTransformer) -> None:
     tiny_model(torch.randn(2, 3, 32, 32)).sum().backward()
     for name, p in tiny_model.named_parameters():

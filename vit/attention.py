@@ -99,18 +99,34 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        qkv = self.qkv(x)  # (B, N, 3 * H * D)
-        q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
-        return q, k, v
+    def _qkv(self, x: Tensor, num_queries: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, Q, D) for the first `num_queries` tokens (all if None); k, v (B, H, N, D)."""
+        if num_queries is None:
+            qkv = self.qkv(x)  # (B, N, 3 * H * D)
+            q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+            return q, k, v
+        # the same projection, row blocks of one weight: queries for the first tokens only
+        c, w, b = x.shape[-1], self.qkv.weight, self.qkv.bias
+        q = F.linear(x[:, :num_queries], w[:c], None if b is None else b[:c])  # (B, Q, H * D)
+        kv = F.linear(x, w[c:], None if b is None else b[c:])  # (B, N, 2 * H * D)
+        k, v = rearrange(kv, "b n (two h d) -> two b h n d", two=2, h=self.num_heads)
+        return rearrange(q, "b n (h d) -> b h n d", h=self.num_heads), k, v
 
     def _out(self, ctx: Tensor) -> Tensor:
         ctx = rearrange(ctx, "b h n d -> b n (h d)")  # concatenate the heads
         return self.proj_drop(self.proj(ctx))
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
-        """x: (B, N, C) -> (B, N, C), with the kernel chosen by `kernel` (auto: per device)."""
-        q, k, v = self._qkv(x)  # (B, H, N, D) each
+    def forward(
+        self, x: Tensor, *, mask: Tensor | None = None, num_queries: int | None = None
+    ) -> Tensor:
+        """x: (B, N, C) -> (B, N, C), with the kernel chosen by `kernel` (auto: per device).
+
+        num_queries: compute outputs for the first `num_queries` tokens only, (B, Q, C), with keys
+        and values from all N tokens: the same rows as the full output, for less work.
+        """
+        q, k, v = self._qkv(x, num_queries)  # (B, H, Q, D), (B, H, N, D), (B, H, N, D)
+        if mask is not None and num_queries is not None:
+            mask = mask[..., :num_queries, :]  # the queried rows
         dropout_p = self.attn_drop if self.training else 0.0
         kernel = default_kernel(x.device) if self.kernel == "auto" else self.kernel
         if kernel == "fused":

@@ -70,8 +70,10 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, hidden_dim=int(dim * mlp_ratio), drop=drop)
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x)))
+    def forward(self, x: Tensor, *, num_queries: int | None = None) -> Tensor:
+        """(B, N, C) -> (B, N, C); with num_queries, only the first tokens' rows, (B, Q, C)."""
+        attn_out = self.attn(self.norm1(x), num_queries=num_queries)
+        x = x[:, :num_queries] + self.drop_path1(attn_out)  # [:, :None] keeps every token
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, Tensor]:

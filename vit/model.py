@@ -136,7 +136,19 @@ class VisionTransformer(nn.Module):
         return self.head(self.head_drop(x))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
+        """(B, C, H, W) -> (B, num_classes) logits, equal to forward_head(forward_features(x)).
+
+        With CLS pooling the head reads one token, so the last block computes that token's row
+        only (its keys and values still come from every token): about 1/depth less work for the
+        same logits (a test holds them equal).
+        """
+        if self.global_pool == "avg":
+            return self.forward_head(self.forward_features(x))
+        x = self.embed(x)
+        for block in self.blocks[:-1]:
+            x = block(x)
+        x = self.blocks[-1](x, num_queries=self.num_prefix_tokens)  # (B, 1, D): the CLS row
+        return self.forward_head(self.norm(x))
 
     def forward_with_attention(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Logits and each layer's attention weights, (B, heads, N, N), after softmax.
