@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.trivial_augment import trivial_augment_batch
+
 
 def _check_batch(images: Tensor, *, name: str) -> None:
     if not isinstance(images, Tensor) or images.dim() != 4:
@@ -96,24 +98,15 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Te
 
 
 def trivial_augment(images: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
-    """TrivialAugment (https://arxiv.org/abs/2103.10951), one op and strength drawn per image.
+    """TrivialAugment (https://arxiv.org/abs/2103.10158), one op and strength drawn per image.
 
-    torchvision's v2.TrivialAugmentWide draws one op for a whole batch, so it runs per image here;
-    its draws come from the global RNG, forked and seeded from `generator` so that the batch is a
-    function of the generator alone (a resumed run augments alike) and the global RNG is untouched.
+    torchvision's ops and magnitudes, run batched per op (vit/trivial_augment.py); the draws come
+    from `generator` alone, so a resumed run augments alike and the global RNG is untouched.
     """
     _check_batch(images, name="trivial_augment")
     if images.dtype != torch.uint8:
         raise ValueError(f"trivial_augment expects uint8 images, got dtype {images.dtype}.")
-    from torchvision.transforms import v2  # torchvision only where this augmentation is used
-
-    op = v2.TrivialAugmentWide()
-    seed = int(
-        torch.randint(0, 2**62, (), generator=generator, device=_draw_device(images, generator))
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return torch.stack([op(image) for image in images])
+    return trivial_augment_batch(images, generator=generator)
 
 
 def check_mix_args(mixup_alpha: float, cutmix_alpha: float, prob: float) -> None:
