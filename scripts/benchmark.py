@@ -120,53 +120,56 @@ def time_interleaved(steps: dict[str, Callable], *, warmup: int, rounds: int) ->
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def matmul_ceiling(
-    *, width: int, depth: int, heads: int, mlp: int, batch: int, dtype: torch.dtype, rounds: int = 5
-) -> dict[str, float]:
-    """The fastest a training step could be if only its matrix products took time.
-
-    Times every product of one step (forward, input gradient, weight gradient) of the shared
-    configuration at its real shapes and layouts, in `dtype`, median of `rounds`; their sum is a
-    floor on the step's time whatever the rest costs, so batch / floor bounds the images/s any
-    implementation of these FLOPs reaches on this machine.
-    """
+def training_gflop_per_image(*, width: int, depth: int, heads: int, mlp: int) -> float:
+    """Matrix-product GFLOP of one image's training step (forward + two backward products each)
+    at the shared configuration, every token through every block, as the peers compute it."""
     tokens = (IMG // PATCH) ** 2 + 1
-    m, bh, d = batch * tokens, batch * heads, width // heads
-    linears = [(width, 3 * width), (width, width), (width, mlp), (mlp, width)]  # (in, out)
+    linear = tokens * (3 * width * width + width * width + 2 * width * mlp)  # qkv, proj, MLP
+    attention = 2 * tokens * tokens * width  # q k^T and a v, all heads
+    patches = (tokens - 1) * 3 * PATCH * PATCH * width
+    return 3 * 2 * (depth * (linear + attention) + patches) / 1e9
+
+
+def matmul_ceiling(
+    *,
+    width: int,
+    depth: int,
+    heads: int,
+    mlp: int,
+    dtype: torch.dtype,
+    sizes: tuple[int, ...] = (2048, 4096),
+) -> dict[str, float]:
+    """The most images/s a training step could reach here if only its matrix products took
+    time and each ran at this machine's best GEMM rate: that of large square products (the
+    step's own, skinny ones run slower), fastest of 3 after a warm-up."""
     g = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g).to(dtype)
-
-    products: list[tuple[Callable, int]] = []  # (product, times per step)
-    for fan_in, fan_out in linears:
-        x, w, gy = rand(m, fan_in), rand(fan_out, fan_in), rand(m, fan_out)
-        products += [(lambda x=x, w=w: x @ w.t(), depth)]  # forward, as F.linear
-        products += [(lambda gy=gy, w=w: gy @ w, depth)]  # input gradient
-        products += [(lambda gy=gy, x=x: gy.t() @ x, depth)]  # weight gradient
-    q, k, a = rand(bh, tokens, d), rand(bh, d, tokens), rand(bh, tokens, tokens)
-    # q k^T and a v, each once forward and twice backward, at the same two shapes
-    products += [(lambda: torch.bmm(q, k), 3 * depth), (lambda: torch.bmm(a, q), 3 * depth)]
-    patches, proj = rand(batch * (tokens - 1), 3 * PATCH * PATCH), rand(width, 3 * PATCH * PATCH)
-    products += [(lambda: patches @ proj.t(), 2)]  # patch projection forward + weight gradient
-    floor = 0.0
-    for fn, count in products:
-        fn()
+    peak = 0.0
+    for n in sizes:
+        a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
+        a @ b
         times = []
-        for _ in range(rounds):
+        for _ in range(3):
             t = time.perf_counter()
-            fn()
+            a @ b
             times.append(time.perf_counter() - t)
-        floor += statistics.median(times) * count
-    flops = (
-        3 * 2 * depth * m * sum(i * o for i, o in linears) + 3 * 2 * depth * 2 * bh * tokens**2 * d
-    )
+        peak = max(peak, 2 * n**3 / min(times) / 1e9)
+    gflop = training_gflop_per_image(width=width, depth=depth, heads=heads, mlp=mlp)
     return {
-        "matmul_seconds_per_step": round(floor, 4),
-        "ceiling_images_per_s": round(batch / floor, 1),
-        "gflop_per_image": round(flops / batch / 1e9, 3),
-        "matmul_gflop_per_s": round(flops / floor / 1e9, 1),
+        "gemm_peak_gflop_per_s": round(peak, 1),
+        "gflop_per_image": round(gflop, 3),
+        "ceiling_images_per_s": round(peak / gflop, 1),
     }
+
+
+def ceiling_table(configs: list[tuple[dict, list[int]]]) -> list[dict]:
+    """matmul_ceiling for each configuration (any batch) and precision."""
+    rows = []
+    for cfg, _batches in configs:
+        for precision, dtype in (("32-true", torch.float32), ("bf16-mixed", torch.bfloat16)):
+            row = dict(**cfg, precision=precision, **matmul_ceiling(**cfg, dtype=dtype))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
 
 
 def peak_memory_mb(name: str, cfg: dict, batch: int, precision: str) -> float | None:
@@ -239,14 +242,9 @@ def run(args: argparse.Namespace) -> dict:
         "command": "python scripts/benchmark.py " + " ".join(args.argv),
         "rows": [],
     }
-    results["matmul_ceiling"] = []
+    results["matmul_ceiling"] = ceiling_table(args.configs)
     for cfg, batches in args.configs:
         for batch in batches:
-            for precision, dtype in (("32-true", torch.float32), ("bf16-mixed", torch.bfloat16)):
-                row = dict(**cfg, batch=batch, precision=precision)
-                row.update(matmul_ceiling(**cfg, batch=batch, dtype=dtype))
-                results["matmul_ceiling"].append(row)
-                print(json.dumps(row), flush=True)
             for precision in ("32-true", "bf16-mixed"):
                 models = {n: m for n in MODELS if (m := build(n, **cfg)) is not None}
                 for kind in ("train", "infer"):
@@ -347,7 +345,7 @@ def summary_lines(results: dict) -> list[str]:
         ceiling = [
             c["ceiling_images_per_s"]
             for c in ceilings
-            if (c["width"], c["batch"], c["precision"]) == (width, batch, "bf16-mixed")
+            if (c["width"], c["precision"]) == (width, "bf16-mixed")
         ]
         lines.append(
             f"| {width} | {batch} | {kind} | {ours['images_per_s']} ({ours['model']}, "
@@ -359,16 +357,18 @@ def summary_lines(results: dict) -> list[str]:
     if ceilings:
         lines += [
             "",
-            "Matrix products alone (every product of a training step at its real shape, timed "
-            "one by one; their sum bounds the step whatever else it does):",
+            "Ceiling: the training step's matrix-product FLOPs (every token through every "
+            "block, as the peers compute them) at this machine's best GEMM rate (large square "
+            "products), as if nothing else took time"
+            + (f" (`{results['ceiling_command']}`)" if "ceiling_command" in results else "")
+            + ":",
             "",
-            "| width | batch | precision | GFLOP/image | matmul s/step | GFLOP/s | ceiling img/s |",
-            "|---|---|---|---|---|---|---|",
+            "| width | precision | GFLOP/image | best GEMM GFLOP/s | ceiling img/s |",
+            "|---|---|---|---|---|",
         ]
         lines += [
-            f"| {c['width']} | {c['batch']} | {c['precision']} | {c['gflop_per_image']} | "
-            f"{c['matmul_seconds_per_step']} | {c['matmul_gflop_per_s']} | "
-            f"{c['ceiling_images_per_s']} |"
+            f"| {c['width']} | {c['precision']} | {c['gflop_per_image']} | "
+            f"{c['gemm_peak_gflop_per_s']} | {c['ceiling_images_per_s']} |"
             for c in ceilings
         ]
     return lines
@@ -385,6 +385,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="measure peak memory only and add it to an existing <name>.json",
     )
+    p.add_argument(
+        "--ceiling-only",
+        action="store_true",
+        help="measure the matmul-only ceiling only and put it into an existing <name>.json",
+    )
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     tiny = dict(width=192, depth=6, heads=3, mlp=768)
@@ -392,7 +397,12 @@ def main(argv: list[str] | None = None) -> None:
     args.configs = [(tiny, [128])] if args.quick else [(tiny, [128, 64, 256]), (wide, [128])]
     args.rounds = args.rounds or (5 if args.quick else 7)
     args.warmup = 2
-    if args.memory_only:
+    if args.ceiling_only:
+        results = json.loads((OUT / f"{args.name}.json").read_text())
+        keep_freed_memory()
+        results["matmul_ceiling"] = ceiling_table(args.configs)
+        results["ceiling_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
+    elif args.memory_only:
         results = json.loads((OUT / f"{args.name}.json").read_text())
         results["peak_memory_mb"] = memory_table(args.configs[0][0])
         results["memory_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
