@@ -7,10 +7,12 @@ Variants: attention kernel (explicit / fused), precision (float32; bf16 autocast
 model in bf16 with float32 master weights kept by the optimizer), fused AdamW, torch.compile.
 Writes experiments/benchmarks/ablation.{json,md}.
 
-    python scripts/ablate_speed.py --allocator     # glibc default vs vit.runtime.keep_freed_memory
+    python scripts/ablate_speed.py --allocator     # glibc's default vs freed memory kept
 
-times training steps of ours, timm (fused attention off) and vit-pytorch in bf16-mixed, each
-allocator setting in its own fresh process (the setting is process-wide), alternating, and writes
+times training steps of ours, timm (fused attention off) and vit-pytorch in bf16-mixed under
+glibc's default allocator settings and with freed memory kept (mallopt: mmap threshold 32 MB,
+trim threshold 1 GB, so activation buffers are not unmapped and faulted in again every step), each
+setting in its own fresh process (it is process-wide), alternating, and writes
 experiments/benchmarks/allocator.{json,md}.
 
     python scripts/ablate_speed.py --resolutions   # the cpu60 recipe's curriculum stages
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -158,10 +159,12 @@ def resolution_main(args: argparse.Namespace) -> None:
 
 ALLOCATOR_MODELS = ("ours", "timm-unfused", "vit-pytorch")
 ALLOCATOR_CHILD = """
-import json, sys
+import ctypes, json, sys
+applied = {keep}
+if applied:  # glibc's M_MMAP_THRESHOLD (-3) and M_TRIM_THRESHOLD (-1)
+    libc = ctypes.CDLL("libc.so.6")
+    applied = libc.mallopt(-3, 32 * 2**20) == 1 and libc.mallopt(-1, 2**30) == 1
 sys.path.insert(0, "scripts")
-from vit.runtime import keep_freed_memory
-applied = keep_freed_memory()  # a no-op when VIT_KEEP_FREED_MEMORY=0
 import benchmark as bench
 cfg = dict(width=192, depth=6, heads=3, mlp=768)
 steps = {{n: bench.make_steps(bench.build(n, **cfg), batch={batch}, precision="bf16-mixed")[0]
@@ -173,13 +176,12 @@ print(json.dumps({{"applied": applied, **{{n: {batch} / s for n, s in secs.items
 
 def allocator_main(args: argparse.Namespace) -> None:
     """Each setting in fresh processes, alternating; median img/s per model over the processes."""
-    code = ALLOCATOR_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS)
     runs: dict[str, list[dict]] = {"glibc default": [], "freed memory kept": []}
     for _ in range(args.processes):
-        for setting, flag in (("glibc default", "0"), ("freed memory kept", "1")):
-            env = {**os.environ, "VIT_KEEP_FREED_MEMORY": flag}
+        for setting, keep in (("glibc default", False), ("freed memory kept", True)):
+            code = ALLOCATOR_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS, keep=keep)
             out = subprocess.run(
-                [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+                [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True
             )
             if out.returncode != 0:
                 raise SystemExit(out.stderr)
@@ -219,9 +221,6 @@ def main() -> None:
     if args.allocator:
         allocator_main(args)
         return
-    from vit.runtime import keep_freed_memory
-
-    keep_freed_memory()  # as vit-train does
     if args.resolutions:
         resolution_main(args)
         return

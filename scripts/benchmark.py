@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit.model import VisionTransformer
-from vit.runtime import keep_freed_memory
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "experiments" / "benchmarks"
@@ -236,8 +235,6 @@ def run(args: argparse.Namespace) -> dict:
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "cuda": torch.cuda.is_available(),
-            # vit-train's allocator setting, applied to every model alike (process-wide)
-            "freed_memory_kept": keep_freed_memory(),
         },
         "command": "python scripts/benchmark.py " + " ".join(args.argv),
         "rows": [],
@@ -399,7 +396,6 @@ def main(argv: list[str] | None = None) -> None:
     args.warmup = 2
     if args.ceiling_only:
         results = json.loads((OUT / f"{args.name}.json").read_text())
-        keep_freed_memory()
         results["matmul_ceiling"] = ceiling_table(args.configs)
         results["ceiling_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
     elif args.memory_only:

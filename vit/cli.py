@@ -18,7 +18,6 @@ from vit.checkpoint import load_model
 from vit.data import CIFAR10DataModule
 from vit.evaluate import evaluate_loader
 from vit.lit_module import ViTClassifier
-from vit.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -126,7 +125,6 @@ def train_main(args: list[str] | None = None) -> None:
     if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
         args = ["fit", *args]
     torch.set_float32_matmul_precision("high")
-    keep_freed_memory()
     ViTCLI(
         ViTClassifier,
         CIFAR10DataModule,
@@ -146,7 +144,6 @@ def exit_on_user_error(run: Callable[[], Any]) -> None:
 
 def evaluate_main(argv: list[str] | None = None) -> None:
     """`vit-evaluate CHECKPOINT [--split test] [--data-dir ...] [--output-dir ...]`."""
-    keep_freed_memory()
     exit_on_user_error(lambda: run_evaluate(argv))
 
 
