@@ -263,11 +263,7 @@ def run(args: argparse.Namespace) -> dict:
                         print(json.dumps(row), flush=True)
     if args.memory:
         cfg, batch = args.configs[0][0], 128
-        results["peak_memory_mb"] = {
-            f"{n} {p}": peak_memory_mb(n, cfg, batch, p)
-            for n in MODELS
-            for p in ("32-true", "bf16-mixed")
-        }
+        results["peak_memory_mb"] = memory_table(cfg, batch)
     results["data_pipeline_images_per_s"] = round(bench_data(), 0)
     results["data_pipeline_trivial_augment_images_per_s"] = round(
         bench_data(trivial=True, max_batches=40), 0
@@ -275,16 +271,20 @@ def run(args: argparse.Namespace) -> dict:
     return results
 
 
+def grouped_rows(rows: list[dict]) -> list[tuple[tuple[int, int, str], list[dict]]]:
+    """The timing rows per (width, batch, step kind), in sorted order."""
+    keys = sorted({(r["width"], r["batch"], r["kind"]) for r in rows})
+    return [(k, [r for r in rows if (r["width"], r["batch"], r["kind"]) == k]) for k in keys]
+
+
 def to_markdown(results: dict) -> str:
     lines = [f"Command: `{results['command']}`  ", f"Machine: {results['machine']}", ""]
     rows = results["rows"]
-    groups = sorted({(r["width"], r["batch"], r["kind"]) for r in rows})
     lines += [
         "| width | batch | step | model | fp32 img/s | bf16-mixed img/s | ours-best / this |",
         "|---|---|---|---|---|---|---|",
     ]
-    for width, batch, kind in groups:
-        sel = [r for r in rows if (r["width"], r["batch"], r["kind"]) == (width, batch, kind)]
+    for (width, batch, kind), sel in grouped_rows(rows):
         best_ours = max(r["images_per_s"] for r in sel if r["model"].startswith("ours"))
         for model in dict.fromkeys(r["model"] for r in sel):
             by_p = {r["precision"]: r["images_per_s"] for r in sel if r["model"] == model}
@@ -332,8 +332,7 @@ def summary_lines(results: dict) -> list[str]:
         "2x that peer | matmul-only ceiling (bf16) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for width, batch, kind in sorted({(r["width"], r["batch"], r["kind"]) for r in rows}):
-        sel = [r for r in rows if (r["width"], r["batch"], r["kind"]) == (width, batch, kind)]
+    for (width, batch, kind), sel in grouped_rows(rows):
         ours = [r for r in sel if r["model"].startswith("ours")]
         peers = [r for r in sel if not r["model"].startswith("ours")]
         if not ours or not peers:  # a peer's package is missing
