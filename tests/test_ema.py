@@ -1,0 +1,139 @@
+"""EMA of the weights: the average it keeps, what validation and checkpoints see, bad settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import TINY, quiet_trainer
+from vit.callbacks import EMA
+from vit.checkpoint import load_checkpoint, load_model
+from vit.lit_module import ViTClassifier
+
+TINY_ARGS = {k: v for k, v in TINY.items() if k != "img_size"}
+
+
+def _loader(n: int, seed: int) -> DataLoader:
+    g = torch.Generator().manual_seed(seed)
+    images, labels = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return DataLoader(TensorDataset(images, labels), batch_size=16)
+
+
+def _weights(module: L.LightningModule) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+class Record(L.Callback):
+    """The live weights after every optimizer step, and the weights validation runs with."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[torch.Tensor]] = []
+        self.validated: list[tuple[int, list[torch.Tensor]]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        self.steps.append(_weights(pl_module))
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.validated.append((len(self.steps), _weights(pl_module)))
+
+
+def _expected_ema(steps: list[list[torch.Tensor]], decay: float) -> list[list[torch.Tensor]]:
+    """The average after each step, computed by hand: a copy first, then the warmed-up decay."""
+    ema, out = [w.clone() for w in steps[0]], []
+    out.append([w.clone() for w in ema])
+    for n, weights in enumerate(steps[1:], start=1):
+        d = min(decay, (1 + n) / (10 + n))
+        ema = [d * e + (1 - d) * w for e, w in zip(ema, weights, strict=True)]
+        out.append([w.clone() for w in ema])
+    return out
+
+
+def test_ema_is_the_warmed_up_average_and_validation_and_checkpoints_use_it(tmp_path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    decay = 0.8  # below the warm-up's (1 + n) / (10 + n) from n = 36 on: both regimes are seen
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, lr=3e-3, warmup_epochs=0.0)
+    record = Record()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=10,  # 4 steps an epoch: 40 steps, a validation after each epoch
+        callbacks=[EMA(decay=decay), record, ckpt],
+        enable_checkpointing=True,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, _loader(64, 0), _loader(16, 1))
+    expected = _expected_ema(record.steps, decay)
+    assert len(record.steps) == 40
+    for step, seen in record.validated:  # validation scored the average, not the live weights
+        for got, want in zip(seen, expected[step - 1], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        live = record.steps[step - 1]
+        assert not all(torch.equal(a, b) for a, b in zip(seen, live, strict=True))
+    for got, want in zip(_weights(module), expected[-1], strict=True):  # after fit: the average
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # the checkpoint's state_dict is the average (what evaluate loads); the live weights beside it
+    saved = load_checkpoint(tmp_path / "last.ckpt")
+    names = [n for n, _ in module.named_parameters()]
+    for name, want, live in zip(names, expected[-1], record.steps[-1], strict=True):
+        torch.testing.assert_close(saved["state_dict"][name], want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(saved["current_model_state"][name], live)
+    model, _ = load_model(tmp_path / "last.ckpt")
+    x = torch.randn(4, 3, 32, 32)
+    torch.testing.assert_close(model.eval()(x), module.model.eval()(x))
+
+
+def test_resume_continues_the_live_weights_and_the_average(tmp_path) -> None:
+    """Stopping after 2 epochs and resuming for 2 more gives the same average as 4 in one go
+    (a constant learning rate: the schedule of a 2-epoch run would differ)."""
+
+    def fit(epochs: int, root, ckpt_path=None) -> ViTClassifier:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        torch.manual_seed(0)
+        module = ViTClassifier(
+            preset="vit_nano", **TINY_ARGS, lr=3e-3, min_lr=3e-3, warmup_epochs=0.0
+        )
+        trainer = quiet_trainer(
+            root,
+            max_epochs=epochs,
+            callbacks=[EMA(decay=0.9), ModelCheckpoint(dirpath=root, save_last=True)],
+            enable_checkpointing=True,
+            num_sanity_val_steps=0,
+        )
+        trainer.fit(module, _loader(64, 0), ckpt_path=ckpt_path)
+        return module
+
+    whole = fit(4, tmp_path / "whole")
+    fit(2, tmp_path / "part")
+    resumed = fit(4, tmp_path / "part", ckpt_path=tmp_path / "part" / "last.ckpt")
+    for a, b in zip(_weights(whole), _weights(resumed), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("decay", [0.0, 1.0, -0.5, 1.5])
+def test_ema_decay_outside_zero_one_is_refused(decay: float) -> None:
+    with pytest.raises(ValueError, match=r"EMA decay=.* must be in \(0, 1\)"):
+        EMA(decay=decay)
+
+
+def test_ema_from_the_command_line_as_the_readme_shows(image_tree: Path, tmp_path: Path) -> None:
+    """`--trainer.callbacks+=vit.callbacks.EMA --trainer.callbacks.decay 0.99` appends EMA to
+    the config's callbacks: the checkpoint holds the average, the live weights beside it."""
+    from tests.conftest import train_args
+    from vit.cli import train_main
+
+    runs = tmp_path / "runs"
+    extra = ("--trainer.callbacks+=vit.callbacks.EMA", "--trainer.callbacks.decay=0.99")
+    train_main(train_args(image_tree, runs, *extra))
+    ckpt = load_checkpoint(runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt")
+    assert "current_model_state" in ckpt and "averaging_state" in ckpt
+    averaged = ckpt["averaging_state"]["n_averaged"]
+    assert int(averaged) == ckpt["global_step"]  # one update per optimizer step
+    live, saved = ckpt["current_model_state"], ckpt["state_dict"]
+    assert not torch.equal(live["model.head.weight"], saved["model.head.weight"])
