@@ -19,6 +19,13 @@ experiments/benchmarks/allocator.{json,md}.
 
 times the 60-minute recipe's model (width 192, depth 6, MLP ratio 2, bf16-mixed, fused AdamW)
 on 16x16, 24x24 and 32x32 images, and writes experiments/benchmarks/resolution.{json,md}.
+
+    python scripts/ablate_speed.py --loop           # the whole training loop vs its bare step
+
+times the same model's bare step (random 32x32 input, as above) against Lightning's fit loop on
+the CIFAR-10 archive (loading, augmentation, metrics, schedule; then also CSV logging every 50
+steps and last.ckpt every 100, as vit-train runs the recipe), mean seconds per step after a
+warm-up, and writes experiments/benchmarks/loop.{json,md}: what the loop costs beyond the step.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -209,6 +218,90 @@ def allocator_main(args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
+def loop_fit(*, args: argparse.Namespace, record: bool, root: Path) -> float:
+    """Mean seconds per step of vit-train's loop (the cpu60 model, bf16-mixed, fused AdamW), no
+    validation; with `record`, CSV logging every 50 steps and last.ckpt every 100 as well."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from vit.callbacks import LastCheckpoint
+    from vit.data import CIFAR10DataModule
+    from vit.lit_module import ViTClassifier
+
+    class StepClock(L.Callback):
+        def __init__(self) -> None:
+            self.starts: list[float] = []
+
+        def on_train_batch_start(self, *_args) -> None:
+            self.starts.append(time.perf_counter())
+
+    torch.manual_seed(0)
+    module = ViTClassifier(
+        preset="vit_tiny", mlp_ratio=2.0, fused_adamw=True, warmup_epochs=0.0, label_smoothing=0.1
+    )
+    data = CIFAR10DataModule(data_dir=args.data_dir, batch_size=args.batch)
+    clock = StepClock()
+    callbacks: list[L.Callback] = [clock]
+    if record:
+        callbacks.append(LastCheckpoint(dirpath=str(root / "ckpt"), every_n_train_steps=100))
+    trainer = L.Trainer(
+        max_epochs=1,
+        max_steps=args.loop_steps + 10,
+        precision="bf16-mixed",
+        logger=CSVLogger(root, name="loop") if record else False,
+        log_every_n_steps=50,
+        callbacks=callbacks,
+        enable_checkpointing=record,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(module, datamodule=data)
+    steady = clock.starts[10:]  # after 10 warm-up steps
+    return (steady[-1] - steady[0]) / (len(steady) - 1)
+
+
+def loop_main(args: argparse.Namespace) -> None:
+    step = resolution_step(side=32, batch=args.batch, fused_adam=True)
+    secs = {
+        "bare step (random input)": bench.time_interleaved({"s": step}, warmup=3, rounds=20)["s"]
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        secs["fit loop: data, augmentation, metrics, schedule"] = loop_fit(
+            args=args, record=False, root=Path(tmp)
+        )
+        secs["+ CSV log every 50 steps, last.ckpt every 100 (vit-train)"] = loop_fit(
+            args=args, record=True, root=Path(tmp)
+        )
+    base = secs["bare step (random input)"]
+    command = f"python scripts/ablate_speed.py --loop --batch {args.batch}"
+    rows = [
+        {
+            "variant": n,
+            "ms_per_step": round(1000 * s, 1),
+            "images_per_s": round(args.batch / s, 1),
+            "vs_bare": round(base / s, 3),
+        }
+        for n, s in secs.items()
+    ]
+    out = {"command": command, "batch": args.batch, "steps": args.loop_steps, "rows": rows}
+    bench.OUT.mkdir(parents=True, exist_ok=True)
+    (bench.OUT / "loop.json").write_text(json.dumps(out, indent=2))
+    lines = [
+        f"Command: `{command}` (32x32, width 192, depth 6, 3 heads, MLP 384, bf16-mixed, fused "
+        f"AdamW; bare step: median of 20; loops: mean over {args.loop_steps} steps after 10)",
+        "",
+        "| what runs | ms/step | img/s | vs bare step |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['variant']} | {r['ms_per_step']} | {r['images_per_s']} | {r['vs_bare']:.2f}x |"
+        for r in rows
+    ]
+    (bench.OUT / "loop.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=128)
@@ -217,7 +310,13 @@ def main() -> None:
     p.add_argument("--resolutions", action="store_true", help="time the curriculum's stages")
     p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
     p.add_argument("--processes", type=int, default=3, help="--allocator: processes per setting")
+    p.add_argument("--loop", action="store_true", help="the fit loop vs its bare step")
+    p.add_argument("--loop-steps", type=int, default=250, help="--loop: steps timed per loop")
+    p.add_argument("--data-dir", default=str(REPO.parent / "shared/data/cifar10-jpeg.tar.gz"))
     args = p.parse_args()
+    if args.loop:
+        loop_main(args)
+        return
     if args.allocator:
         allocator_main(args)
         return
