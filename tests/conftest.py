@@ -10,6 +10,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from vit.model import VisionTransformer
 
@@ -19,6 +20,14 @@ CIFAR_ARCHIVE = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 TINY = dict(
     img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0
 )
+TINY_ARGS = {k: v for k, v in TINY.items() if k != "img_size"}  # the same model, ViTClassifier's
+
+
+def random_loader(n: int = 64, *, seed: int = 0) -> DataLoader:
+    """n seeded random 32x32 images and labels of 10 classes, in batches of 16."""
+    g = torch.Generator().manual_seed(seed)
+    images, labels = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return DataLoader(TensorDataset(images, labels), batch_size=16)
 
 
 def quiet_trainer(root: Path | None, **kwargs) -> L.Trainer:

@@ -7,20 +7,11 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
-from tests.conftest import TINY, quiet_trainer
+from tests.conftest import TINY_ARGS, quiet_trainer, random_loader
 from vit.callbacks import EMA
 from vit.checkpoint import load_checkpoint, load_model
 from vit.lit_module import ViTClassifier
-
-TINY_ARGS = {k: v for k, v in TINY.items() if k != "img_size"}
-
-
-def _loader(n: int, seed: int) -> DataLoader:
-    g = torch.Generator().manual_seed(seed)
-    images, labels = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
-    return DataLoader(TensorDataset(images, labels), batch_size=16)
 
 
 def _weights(module: L.LightningModule) -> list[torch.Tensor]:
@@ -67,7 +58,7 @@ def test_ema_is_the_warmed_up_average_and_validation_and_checkpoints_use_it(tmp_
         enable_checkpointing=True,
         num_sanity_val_steps=0,
     )
-    trainer.fit(module, _loader(64, 0), _loader(16, 1))
+    trainer.fit(module, random_loader(64), random_loader(16, seed=1))
     expected = _expected_ema(record.steps, decay)
     assert len(record.steps) == 40
     for step, seen in record.validated:  # validation scored the average, not the live weights
@@ -106,7 +97,7 @@ def test_resume_continues_the_live_weights_and_the_average(tmp_path) -> None:
             enable_checkpointing=True,
             num_sanity_val_steps=0,
         )
-        trainer.fit(module, _loader(64, 0), ckpt_path=ckpt_path)
+        trainer.fit(module, random_loader(64), ckpt_path=ckpt_path)
         return module
 
     whole = fit(4, tmp_path / "whole")

@@ -8,10 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.conftest import TINY, quiet_trainer
+from tests.conftest import TINY_ARGS, quiet_trainer, random_loader
 from vit.lit_module import ViTClassifier, WarmupCosine, param_groups
-
-TINY_ARGS = {k: v for k, v in TINY.items() if k != "img_size"}
 
 
 def test_weight_decay_spares_biases_norms_cls_and_positions() -> None:
@@ -57,30 +55,20 @@ def test_bad_values_fail_clearly(kwargs: dict, message: str) -> None:
         ViTClassifier(**kwargs)
 
 
-def _loader(n: int = 64) -> DataLoader:
-    g = torch.Generator().manual_seed(0)
-    return DataLoader(
-        TensorDataset(
-            torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
-        ),
-        batch_size=16,
-    )
-
-
 def test_fit_logs_stage_metrics_and_steps_the_schedule(tmp_path) -> None:
     module = ViTClassifier(preset="vit_nano", **TINY_ARGS, lr=1e-3, warmup_epochs=1.0)
     trainer = quiet_trainer(
         tmp_path,
         max_epochs=2,
     )
-    trainer.fit(module, _loader(), _loader(32))
+    trainer.fit(module, random_loader(), random_loader(32))
     logged = trainer.callback_metrics
     for key in ("train/loss", "train/acc", "train/acc5", "val/loss", "val/acc", "val/acc5"):
         assert key in logged, key
     assert 0 <= logged["val/acc"] <= logged["val/acc5"] <= 1
     # 4 steps per epoch, 1 warm-up epoch, cosine over the other: the lr is near zero at the end
     assert trainer.optimizers[0].param_groups[0]["lr"] < 1e-4
-    trainer.test(module, _loader(32))
+    trainer.test(module, random_loader(32))
     assert "test/acc" in trainer.callback_metrics
 
 
@@ -92,7 +80,7 @@ def test_max_epochs_is_required_for_the_schedule(tmp_path) -> None:
         max_steps=2,
     )
     with pytest.raises(ValueError, match="max_epochs"):
-        trainer.fit(module, _loader())
+        trainer.fit(module, random_loader())
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path) -> None:
@@ -106,7 +94,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_p
         callbacks=[ckpt],
         enable_checkpointing=True,
     )
-    trainer.fit(module, _loader())  # 4 steps per epoch, a checkpoint every 2
+    trainer.fit(module, random_loader())  # 4 steps per epoch, a checkpoint every 2
     good = (tmp_path / "last.ckpt").read_bytes()
     bad = torch.randn(16, 3, 32, 32)
     bad[0, 0, 0, 0] = float("nan")
@@ -164,7 +152,7 @@ def test_resolution_curriculum_trains_on_smaller_images_then_full_size(tmp_path)
         max_epochs=3,
         num_sanity_val_steps=0,
     )
-    trainer.fit(module, _loader(32), _loader(16))
+    trainer.fit(module, random_loader(32), random_loader(16))
     train_sides = [side for training, side in seen if training]
     # 6 steps: progress 0, 1/6 -> 16; 2/6, 3/6 -> 24; 4/6, 5/6 -> 32
     assert train_sides == [16, 16, 24, 24, 32, 32]
@@ -203,7 +191,7 @@ def test_mixup_and_cutmix_train_on_soft_targets(tmp_path, monkeypatch) -> None:
         tmp_path,
         max_epochs=1,
     )
-    trainer.fit(module, _loader(64), _loader(16))
+    trainer.fit(module, random_loader(64), random_loader(16))
     assert len(calls) == 4  # every training step, no validation step
     assert any(peak < 1.0 for peak, _ in calls)  # some targets are really mixed
     assert all(total == pytest.approx(1.0) for _, total in calls)
@@ -247,7 +235,7 @@ def test_time_budget_anneals_to_zero_and_stops_when_the_time_is_up(tmp_path) -> 
         val_check_interval="01:00:00:00",  # only the last validation, the one the stop triggers
         callbacks=[Record()],
     )
-    trainer.fit(module, _loader(32), _loader(16))
+    trainer.fit(module, random_loader(32), random_loader(16))
     assert trainer.current_epoch < 999 and 20 <= trainer.global_step <= 40  # 60 s at ~2 s a step
     assert module.progress() == 1.0
     assert max(lrs) == pytest.approx(1e-3, rel=0.05) and lrs[-1] < 5e-5  # warmed up, annealed
@@ -264,7 +252,7 @@ def test_time_budget_refuses_validation_every_other_epoch(tmp_path) -> None:
         check_val_every_n_epoch=2,
     )
     with pytest.raises(ValueError, match="check_val_every_n_epoch=2 with model.time_budget_min"):
-        trainer.fit(module, _loader(32), _loader(16))
+        trainer.fit(module, random_loader(32), random_loader(16))
 
 
 def test_time_budget_needs_a_warmup_fraction_and_positive_minutes() -> None:
@@ -285,7 +273,7 @@ def test_fused_adamw_makes_the_same_updates_as_the_default(tmp_path) -> None:
         torch.manual_seed(0)
         module = ViTClassifier(preset="vit_nano", **TINY_ARGS, fused_adamw=fused, warmup_epochs=0)
         start = flat(module).clone()
-        quiet_trainer(tmp_path, max_steps=3, max_epochs=1).fit(module, _loader(48))
+        quiet_trainer(tmp_path, max_steps=3, max_epochs=1).fit(module, random_loader(48))
         weights.append(flat(module))
         assert (weights[-1] - start).abs().max() > 1e-4  # the three steps moved the weights
     # each step moves a weight by up to lr = 1e-3; the two kernels round differently, and Adam
