@@ -117,33 +117,53 @@ def resolution_step(*, side: int, batch: int, fused_adam: bool):
 def time_and_write(
     steps: dict, *, args: argparse.Namespace, base: str, stem: str, command: str, about: str
 ) -> None:
-    """Time the steps interleaved; write <stem>.json and <stem>.md (img/s and ratio to `base`)."""
+    """Time the steps interleaved (median of args.rounds) and write their table."""
     secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
+    write_table(secs, batch=args.batch, base=base, stem=stem, command=command, about=about)
+
+
+def write_table(
+    secs: dict[str, float],
+    *,
+    batch: int,
+    base: str,
+    stem: str,
+    command: str,
+    about: str,
+    extra: dict | None = None,
+) -> None:
+    """Seconds per step of each variant -> <stem>.json and <stem>.md (ms/step, img/s, ratio to
+    `base`), printed too."""
     rows = [
         {
             "variant": n,
-            "images_per_s": round(args.batch / s, 1),
+            "ms_per_step": round(1000 * s, 1),
+            "images_per_s": round(batch / s, 1),
             "vs_base": round(secs[base] / s, 3),
         }
         for n, s in secs.items()
     ]
     out = {
         "command": command,
-        "batch": args.batch,
+        "batch": batch,
         "base": base,
         "rows": rows,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        **(extra or {}),
     }
     bench.OUT.mkdir(parents=True, exist_ok=True)
     (bench.OUT / f"{stem}.json").write_text(json.dumps(out, indent=2))
     lines = [
         f"Command: `{command}` ({about})",
         "",
-        f"| variant | train img/s | vs {base} |",
-        "|---|---|---|",
+        f"| variant | ms/step | train img/s | vs {base} |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {r['variant']} | {r['images_per_s']} | {r['vs_base']:.2f}x |" for r in rows]
+    lines += [
+        f"| {r['variant']} | {r['ms_per_step']} | {r['images_per_s']} | {r['vs_base']:.2f}x |"
+        for r in rows
+    ]
     (bench.OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -273,33 +293,16 @@ def loop_main(args: argparse.Namespace) -> None:
         secs["+ CSV log every 50 steps, last.ckpt every 100 (vit-train)"] = loop_fit(
             args=args, record=True, root=Path(tmp)
         )
-    base = secs["bare step (random input)"]
-    command = f"python scripts/ablate_speed.py --loop --batch {args.batch}"
-    rows = [
-        {
-            "variant": n,
-            "ms_per_step": round(1000 * s, 1),
-            "images_per_s": round(args.batch / s, 1),
-            "vs_bare": round(base / s, 3),
-        }
-        for n, s in secs.items()
-    ]
-    out = {"command": command, "batch": args.batch, "steps": args.loop_steps, "rows": rows}
-    bench.OUT.mkdir(parents=True, exist_ok=True)
-    (bench.OUT / "loop.json").write_text(json.dumps(out, indent=2))
-    lines = [
-        f"Command: `{command}` (32x32, width 192, depth 6, 3 heads, MLP 384, bf16-mixed, fused "
-        f"AdamW; bare step: median of 20; loops: mean over {args.loop_steps} steps after 10)",
-        "",
-        "| what runs | ms/step | img/s | vs bare step |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['variant']} | {r['ms_per_step']} | {r['images_per_s']} | {r['vs_bare']:.2f}x |"
-        for r in rows
-    ]
-    (bench.OUT / "loop.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(
+        secs,
+        batch=args.batch,
+        base="bare step (random input)",
+        stem="loop",
+        command=f"python scripts/ablate_speed.py --loop --batch {args.batch}",
+        about="32x32, width 192, depth 6, 3 heads, MLP 384, bf16-mixed, fused AdamW; bare step: "
+        f"median of 20; loops: mean over {args.loop_steps} steps after 10",
+        extra={"steps": args.loop_steps},
+    )
 
 
 def main() -> None:
