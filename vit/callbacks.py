@@ -3,11 +3,14 @@ exponential moving average of the weights."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 
@@ -92,6 +95,15 @@ class EMA(WeightAveraging):
             )
         self.decay = decay
         super().__init__(multi_avg_fn=self._update)
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Resuming a fit restores both the live weights and the average. Testing or validating
+        a checkpoint after fit (`--test_after_fit`) keeps the average its `state_dict` loaded:
+        WeightAveraging would load the live weights there too, and no swap follows at test."""
+        if trainer.state.fn == TrainerFn.FITTING:
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
     @torch.no_grad()
     def _update(self, averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:
