@@ -77,6 +77,11 @@ def test_ema_is_the_warmed_up_average_and_validation_and_checkpoints_use_it(tmp_
     model, _ = load_model(tmp_path / "last.ckpt")
     x = torch.randn(4, 3, 32, 32)
     torch.testing.assert_close(model.eval()(x), module.model.eval()(x))
+    # a test after fit (what --test_after_fit does) scores the checkpoint's average too
+    module.model.head.weight.data.zero_()
+    trainer.test(module, random_loader(16, seed=1), ckpt_path=tmp_path / "last.ckpt")
+    for got, want in zip(_weights(module), expected[-1], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_resume_continues_the_live_weights_and_the_average(tmp_path) -> None:
@@ -128,3 +133,31 @@ def test_ema_from_the_command_line_as_the_readme_shows(image_tree: Path, tmp_pat
     assert int(averaged) == ckpt["global_step"]  # one update per optimizer step
     live, saved = ckpt["current_model_state"], ckpt["state_dict"]
     assert not torch.equal(live["model.head.weight"], saved["model.head.weight"])
+    # vit-evaluate scores the average by default and the live weights on request, in its own files
+    from vit.cli import run_evaluate
+
+    out = tmp_path / "eval"
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    average = run_evaluate([str(last), "--output-dir", str(out)])
+    live_result = run_evaluate([str(last), "--weights", "live", "--output-dir", str(out)])
+    assert (average["weights"], live_result["weights"]) == ("average", "live")
+    assert {p.name for p in out.glob("metrics_*.json")} == {
+        "metrics_test.json",
+        "metrics_test_live.json",
+    }
+    live_model, _ = load_model(last, weights="live")
+    average_model, _ = load_model(last)
+    torch.testing.assert_close(
+        live_model.head.weight, live["model.head.weight"].to(live_model.head.weight.dtype)
+    )
+    torch.testing.assert_close(average_model.head.weight, saved["model.head.weight"])
+
+
+def test_asking_a_checkpoint_without_ema_for_its_average_is_an_error(tiny_checkpoint) -> None:
+    model, _ = load_model(tiny_checkpoint, weights="live")  # live weights: its state_dict
+    same, _ = load_model(tiny_checkpoint)
+    torch.testing.assert_close(model.head.weight, same.head.weight)
+    with pytest.raises(ValueError, match="trained without vit.callbacks.EMA"):
+        load_model(tiny_checkpoint, weights="average")
+    with pytest.raises(ValueError, match="expected 'average', 'live' or None"):
+        load_model(tiny_checkpoint, weights="ema")

@@ -24,6 +24,10 @@ PREFIXES = ("model.", "module.", "_orig_mod.")  # Lightning, DDP, torch.compile
 MODEL_ARGS = set(inspect.signature(VisionTransformer.__init__).parameters) - {"self"}
 SAFETENSORS_FORMAT = "vit.VisionTransformer"  # the `format` entry of exported files' metadata
 _LEGACY_MAGIC = b"l\xfc\x9cF\xf9 j\xa8P\x19"  # torch.save's pre-zip format starts with this number
+WEIGHTS_HELP = (
+    "for a checkpoint trained with vit.callbacks.EMA: use its averaged weights (the default) or "
+    "the live weights trained beside them"
+)
 _SHOWN = 6  # list at most this many problems of each kind in an error message
 
 
@@ -86,21 +90,48 @@ def model_kwargs(ckpt: dict[str, Any]) -> dict[str, Any]:
     return model_config(hp.pop("preset"), **{k: v for k, v in hp.items() if k in MODEL_ARGS})
 
 
-def load_model(path: str | Path, **overrides: Any) -> tuple[VisionTransformer, dict[str, Any]]:
+def load_model(
+    path: str | Path, *, weights: str | None = None, **overrides: Any
+) -> tuple[VisionTransformer, dict[str, Any]]:
     """A plain VisionTransformer in eval mode (no Lightning needed), and the checkpoint dict.
 
-    `overrides` replace constructor arguments; `img_size=48` loads a 32x32 model at 48x48, with
-    the learned position table resized on the patch grid.
+    `weights` picks which weights of a checkpoint trained with vit.callbacks.EMA load: "average"
+    (its `state_dict`) or "live" (the trained weights themselves); None loads `state_dict`,
+    whichever that holds. `overrides` replace constructor arguments; `img_size=48` loads a 32x32
+    model at 48x48, with the learned position table resized on the patch grid.
     """
     _check_overrides(overrides)
     ckpt = load_checkpoint(path)
     try:
         kwargs = model_kwargs(ckpt)
+        state = select_weights(ckpt, weights)
     except ValueError as err:
         raise ValueError(f"{str(path)!r}: {err}") from None
     model = VisionTransformer(**{**kwargs, **overrides})
-    fit_state_dict(model, ckpt.get("state_dict", ckpt), source=str(path))
+    fit_state_dict(model, state, source=str(path))
     return model.eval(), ckpt
+
+
+def weights_kind(ckpt: dict[str, Any]) -> str:
+    """What a checkpoint's `state_dict` holds: "average" when trained with an EMA (Lightning's
+    WeightAveraging keeps the live weights apart, as `current_model_state`), else "live"."""
+    return "average" if isinstance(ckpt.get("current_model_state"), dict) else "live"
+
+
+def select_weights(ckpt: dict[str, Any], weights: str | None) -> dict[str, Any]:
+    """The state dict of the requested `weights` ("average", "live" or None for state_dict)."""
+    if weights not in (None, "average", "live"):
+        raise ValueError(f"weights={weights!r}: expected 'average', 'live' or None.")
+    state = ckpt.get("state_dict", ckpt)
+    if weights is None or weights == weights_kind(ckpt):
+        return state
+    if weights == "live":
+        return ckpt["current_model_state"]
+    raise ValueError(
+        "asked for the averaged (EMA) weights, but the checkpoint was trained without "
+        "vit.callbacks.EMA: its state_dict holds the live weights only. Leave out the weights "
+        "choice (or ask for 'live')."
+    )
 
 
 def load_weights(model: VisionTransformer, path: str | Path) -> VisionTransformer:

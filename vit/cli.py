@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vit.checkpoint import load_model
+from vit.checkpoint import WEIGHTS_HELP, load_model, weights_kind
 from vit.data import CIFAR10DataModule
 from vit.evaluate import evaluate_loader
 from vit.lit_module import ViTClassifier
@@ -176,6 +176,12 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         "(default: the checkpoint's model.test_flip)",
     )
     parser.add_argument(
+        "--weights",
+        choices=("average", "live"),
+        default=None,
+        help=WEIGHTS_HELP,
+    )
+    parser.add_argument(
         "--output-dir",
         type=Path,
         default=None,
@@ -185,7 +191,8 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    model, ckpt = load_model(ns.checkpoint)
+    model, ckpt = load_model(ns.checkpoint, weights=ns.weights)
+    weights = ns.weights or weights_kind(ckpt)
     hparams = ckpt.get("hyper_parameters") or {}
     dm = CIFAR10DataModule.from_checkpoint(
         ckpt,
@@ -208,7 +215,13 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         dtype=torch.bfloat16 if ns.precision == "bf16" else None,
         flip=flip,
     )
-    result.update(checkpoint=str(ns.checkpoint), split=ns.split, flip=flip, data=dict(dm.hparams))
+    result.update(
+        checkpoint=str(ns.checkpoint),
+        split=ns.split,
+        weights=weights,
+        flip=flip,
+        data=dict(dm.hparams),
+    )
 
     out = ns.output_dir or ns.checkpoint.parent.parent / "eval"
     out.mkdir(parents=True, exist_ok=True)
@@ -218,13 +231,12 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     fig = plot_confusion_matrix(
         torch.tensor(confusion), classes=classes, title=f"{ns.split}: top-1 {result['top1']:.2%}"
     )
-    fig.savefig(out / f"confusion_matrix_{ns.split}.png", dpi=120, bbox_inches="tight")
+    stem = ns.split if ns.weights is None else f"{ns.split}_{ns.weights}"  # one file per choice
+    fig.savefig(out / f"confusion_matrix_{stem}.png", dpi=120, bbox_inches="tight")
     result["confusion_matrix"] = confusion
-    (out / f"metrics_{ns.split}.json").write_text(json.dumps(result, indent=2))
+    (out / f"metrics_{stem}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "confusion_matrix"}, indent=2))
-    print(
-        f"wrote {out / f'metrics_{ns.split}.json'} and {out / f'confusion_matrix_{ns.split}.png'}"
-    )
+    print(f"wrote {out / f'metrics_{stem}.json'} and {out / f'confusion_matrix_{stem}.png'}")
     return result
 
 

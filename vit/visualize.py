@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchvision.transforms.v2.functional import resize
 
-from vit.checkpoint import load_model
+from vit.checkpoint import WEIGHTS_HELP, load_model
 from vit.data import CIFAR10DataModule, decode_image_bytes, preprocess
 from vit.maps import attention_maps, patch_grid, query_map, rollout_map
 from vit.model import VisionTransformer
@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean")
     p.add_argument("--discard-ratio", type=float, default=0.0)
     p.add_argument("--start-layer", type=int, default=0)
+    p.add_argument("--weights", choices=("average", "live"), default=None, help=WEIGHTS_HELP)
     p.add_argument("--output-dir", type=Path, default=Path("attention"))
     p.add_argument("--overwrite", action="store_true", help="replace existing PNGs")
     return p
@@ -130,7 +131,7 @@ def run_visualize(argv: list[str] | None = None) -> list[Path]:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if ns.num_images < 1:
         raise ValueError(f"--num-images={ns.num_images} must be at least 1.")
-    model, ckpt = load_model(ns.checkpoint)
+    model, ckpt = load_model(ns.checkpoint, weights=ns.weights)
     classes = list((ckpt.get("hyper_parameters") or {}).get("class_names") or [])
     classes = classes or [str(i) for i in range(model.num_classes)]
     if ns.images:
