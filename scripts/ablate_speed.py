@@ -286,22 +286,29 @@ def loop_main(args: argparse.Namespace) -> None:
     secs = {
         "bare step (random input)": bench.time_interleaved({"s": step}, warmup=3, rounds=20)["s"]
     }
+    loops = {
+        "fit loop: data, augmentation, metrics, schedule": False,
+        "+ CSV log every 50 steps, last.ckpt every 100 (vit-train)": True,
+    }
+    runs: dict[str, list[float]] = {name: [] for name in loops}
     with tempfile.TemporaryDirectory() as tmp:
-        secs["fit loop: data, augmentation, metrics, schedule"] = loop_fit(
-            args=args, record=False, root=Path(tmp)
-        )
-        secs["+ CSV log every 50 steps, last.ckpt every 100 (vit-train)"] = loop_fit(
-            args=args, record=True, root=Path(tmp)
-        )
+        for _ in range(args.loop_repeats):  # alternated, so drift hits both alike
+            for name, record in loops.items():
+                runs[name].append(loop_fit(args=args, record=record, root=Path(tmp)))
+    secs.update({name: statistics.median(times) for name, times in runs.items()})
+    command = f"python scripts/ablate_speed.py --loop --batch {args.batch}"
+    if args.loop_repeats > 1 or args.loop_steps != 250:
+        command += f" --loop-steps {args.loop_steps} --loop-repeats {args.loop_repeats}"
     write_table(
         secs,
         batch=args.batch,
         base="bare step (random input)",
         stem="loop",
-        command=f"python scripts/ablate_speed.py --loop --batch {args.batch}",
+        command=command,
         about="32x32, width 192, depth 6, 3 heads, MLP 384, bf16-mixed, fused AdamW; bare step: "
-        f"median of 20; loops: mean over {args.loop_steps} steps after 10",
-        extra={"steps": args.loop_steps},
+        f"median of 20; loops: mean over {args.loop_steps} steps after 10, median of "
+        f"{args.loop_repeats} alternated runs",
+        extra={"steps": args.loop_steps, "loop_runs_s_per_step": runs},
     )
 
 
@@ -315,6 +322,7 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=3, help="--allocator: processes per setting")
     p.add_argument("--loop", action="store_true", help="the fit loop vs its bare step")
     p.add_argument("--loop-steps", type=int, default=250, help="--loop: steps timed per loop")
+    p.add_argument("--loop-repeats", type=int, default=1, help="--loop: alternated runs of each")
     p.add_argument("--data-dir", default=str(REPO.parent / "shared/data/cifar10-jpeg.tar.gz"))
     args = p.parse_args()
     if args.loop:
