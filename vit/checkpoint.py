@@ -24,6 +24,7 @@ PREFIXES = ("model.", "module.", "_orig_mod.")  # Lightning, DDP, torch.compile
 MODEL_ARGS = set(inspect.signature(VisionTransformer.__init__).parameters) - {"self"}
 SAFETENSORS_FORMAT = "vit.VisionTransformer"  # the `format` entry of exported files' metadata
 _LEGACY_MAGIC = b"l\xfc\x9cF\xf9 j\xa8P\x19"  # torch.save's pre-zip format starts with this number
+WEIGHTS = ("average", "live")  # which weights of a checkpoint trained with vit.callbacks.EMA
 WEIGHTS_HELP = (
     "for a checkpoint trained with vit.callbacks.EMA: use its averaged weights (the default) or "
     "the live weights trained beside them"
@@ -120,7 +121,7 @@ def weights_kind(ckpt: dict[str, Any]) -> str:
 
 def select_weights(ckpt: dict[str, Any], weights: str | None) -> dict[str, Any]:
     """The state dict of the requested `weights` ("average", "live" or None for state_dict)."""
-    if weights not in (None, "average", "live"):
+    if weights is not None and weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r}: expected 'average', 'live' or None.")
     state = ckpt.get("state_dict", ckpt)
     if weights is None or weights == weights_kind(ckpt):

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vit.checkpoint import WEIGHTS_HELP, load_model, weights_kind
+from vit.checkpoint import WEIGHTS, WEIGHTS_HELP, load_model, weights_kind
 from vit.data import CIFAR10DataModule
 from vit.evaluate import evaluate_loader
 from vit.lit_module import ViTClassifier
@@ -175,12 +175,7 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         help="test-time flip: average the logits of each image and its mirror "
         "(default: the checkpoint's model.test_flip)",
     )
-    parser.add_argument(
-        "--weights",
-        choices=("average", "live"),
-        default=None,
-        help=WEIGHTS_HELP,
-    )
+    parser.add_argument("--weights", choices=WEIGHTS, default=None, help=WEIGHTS_HELP)
     parser.add_argument(
         "--output-dir",
         type=Path,

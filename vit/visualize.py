@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchvision.transforms.v2.functional import resize
 
-from vit.checkpoint import WEIGHTS_HELP, load_model
+from vit.checkpoint import WEIGHTS, WEIGHTS_HELP, load_model
 from vit.data import CIFAR10DataModule, decode_image_bytes, preprocess
 from vit.maps import attention_maps, patch_grid, query_map, rollout_map
 from vit.model import VisionTransformer
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean")
     p.add_argument("--discard-ratio", type=float, default=0.0)
     p.add_argument("--start-layer", type=int, default=0)
-    p.add_argument("--weights", choices=("average", "live"), default=None, help=WEIGHTS_HELP)
+    p.add_argument("--weights", choices=WEIGHTS, default=None, help=WEIGHTS_HELP)
     p.add_argument("--output-dir", type=Path, default=Path("attention"))
     p.add_argument("--overwrite", action="store_true", help="replace existing PNGs")
     return p
