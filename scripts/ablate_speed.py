@@ -296,9 +296,10 @@ def loop_main(args: argparse.Namespace) -> None:
             for name, record in loops.items():
                 runs[name].append(loop_fit(args=args, record=record, root=Path(tmp)))
     secs.update({name: statistics.median(times) for name, times in runs.items()})
-    command = f"python scripts/ablate_speed.py --loop --batch {args.batch}"
-    if args.loop_repeats > 1 or args.loop_steps != 250:
-        command += f" --loop-steps {args.loop_steps} --loop-repeats {args.loop_repeats}"
+    command = (
+        f"python scripts/ablate_speed.py --loop --batch {args.batch} "
+        f"--loop-steps {args.loop_steps} --loop-repeats {args.loop_repeats}"
+    )
     write_table(
         secs,
         batch=args.batch,
