@@ -95,17 +95,25 @@ def make_step(*, kernel: str, precision: str, fused_adam: bool, compile_: bool, 
     return step
 
 
-def resolution_step(*, side: int, batch: int, fused_adam: bool):
-    """One training step of the cpu60 model on side x side images (bf16 autocast)."""
+def resolution_step(
+    *,
+    side: int,
+    batch: int,
+    fused_adam: bool,
+    precision: str = "bf16-mixed",
+    kernel: str = "explicit",
+):
+    """One training step of the cpu60 model on side x side images (bf16 autocast or float32)."""
     from vit.model import create_model
 
     torch.manual_seed(0)
-    model = create_model("vit_tiny", mlp_ratio=2.0, dynamic_img_size=True)
+    model = create_model("vit_tiny", mlp_ratio=2.0, dynamic_img_size=True, kernel=kernel)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
     x, y = torch.randn(batch, 3, side, side), torch.randint(0, 10, (batch,))
+    autocast = precision == "bf16-mixed"
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = F.cross_entropy(model(x).float(), y)
         loss.backward()
         opt.step()
@@ -183,6 +191,31 @@ def resolution_main(args: argparse.Namespace) -> None:
         stem="resolution",
         command=f"python scripts/ablate_speed.py --resolutions --batch {args.batch}",
         about=f"batch {args.batch}, width 192, depth 6, 3 heads, MLP 384, patch 4, bf16-mixed",
+    )
+
+
+def fp32_main(args: argparse.Namespace) -> None:
+    """For CPUs without native bf16: the cpu60 model's curriculum stages in float32, explicit vs
+    fused attention (interleaved), then bf16-mixed at 32x32 (3 rounds: it is slow there)."""
+    steps = {
+        f"{side}x{side} 32-true {kernel}": resolution_step(
+            side=side, batch=args.batch, fused_adam=True, precision="32-true", kernel=kernel
+        )
+        for side in (16, 24, 32)
+        for kernel in ("explicit", "fused")
+    }
+    secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
+    bf16 = resolution_step(side=32, batch=args.batch, fused_adam=True)
+    secs["32x32 bf16-mixed explicit"] = bench.time_interleaved({"b": bf16}, warmup=1, rounds=3)["b"]
+    write_table(
+        secs,
+        batch=args.batch,
+        base="32x32 32-true explicit",
+        stem="fp32",
+        command=f"python scripts/ablate_speed.py --fp32 --batch {args.batch} --rounds {args.rounds}",
+        about=f"batch {args.batch}, width 192, depth 6, 3 heads, MLP 384, patch 4, fused AdamW; "
+        f"CPU ISA {torch.backends.cpu.get_cpu_capability()}, native bf16: "
+        f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}",
     )
 
 
@@ -320,6 +353,7 @@ def main() -> None:
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--resolutions", action="store_true", help="time the curriculum's stages")
     p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
+    p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--processes", type=int, default=3, help="--allocator: processes per setting")
     p.add_argument("--loop", action="store_true", help="the fit loop vs its bare step")
     p.add_argument("--loop-steps", type=int, default=250, help="--loop: steps timed per loop")
@@ -334,6 +368,9 @@ def main() -> None:
         return
     if args.resolutions:
         resolution_main(args)
+        return
+    if args.fp32:
+        fp32_main(args)
         return
     variants = {}
     for kernel in ("explicit", "fused"):
