@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from tests.conftest import CIFAR_ARCHIVE, REPO, TINY_DATA_CLASSES, train_args
@@ -50,6 +51,45 @@ def test_train_checkpoint_evaluate_end_to_end(image_tree_tgz: Path, tmp_path: Pa
     train_main(train_args(image_tree_tgz, runs, "--trainer.max_epochs=1"))
     assert (runs / "tiny" / "version_1" / "checkpoints" / "last.ckpt").is_file()
     assert last.is_file()
+
+
+@pytest.mark.parametrize(
+    ("fast_bf16", "extra", "expected"),
+    [
+        (False, [], "32-true"),  # bf16 on a CPU without it: ~13x slower, so float32
+        (False, ["--bf16_fallback=false"], "bf16-mixed"),  # the user insists
+        (True, [], "bf16-mixed"),  # AVX512-BF16 / AMX: bf16 as asked
+    ],
+)
+def test_bf16_falls_back_to_float32_on_a_cpu_without_native_bf16(
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fast_bf16: bool,
+    extra: list[str],
+    expected: str,
+) -> None:
+    monkeypatch.setattr("vit.cli.cpu_has_fast_bf16", lambda: fast_bf16)
+    args = train_args(image_tree, tmp_path / "runs", "--trainer.precision=bf16-mixed", *extra)
+    cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
+    assert cli.trainer.precision == expected
+    warned = "no native bfloat16" in caplog.text
+    assert warned == (expected == "32-true")
+    if warned:
+        assert "--bf16_fallback false" in caplog.text  # says how to keep bf16
+
+
+def test_a_run_records_the_precision_it_trained_with(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("vit.cli.cpu_has_fast_bf16", lambda: False)
+    runs = tmp_path / "runs"
+    train_main(
+        train_args(image_tree, runs, "--trainer.precision=bf16-mixed", "--trainer.max_epochs=1")
+    )
+    saved = yaml.safe_load((runs / "tiny" / "version_0" / "config.yaml").read_text())
+    assert saved["trainer"]["precision"] == "32-true"
 
 
 def test_class_count_mismatch_is_reported(image_tree: Path, tmp_path: Path) -> None:

@@ -35,6 +35,14 @@ class ViTCLI(LightningCLI):
             default=False,
             help="after fit, evaluate the best checkpoint (by val/acc) on the test split once",
         )
+        parser.add_argument(
+            "--bf16_fallback",
+            type=bool,
+            default=True,
+            help="on a CPU without native bfloat16 matrix products (no AVX512-BF16 or AMX), "
+            "where bf16 precisions train ~13x slower than float32, use 32-true instead (with a "
+            "warning); false keeps the bf16 precision asked for",
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -42,10 +50,42 @@ class ViTCLI(LightningCLI):
             config.ckpt_path = resume_latest_run(config.trainer.logger)
         share_logger_version(config.trainer.logger)
         check_writable(config.trainer.logger)
+        if config.get("bf16_fallback", True):
+            config.trainer.precision = cpu_precision(
+                config.trainer.precision, config.trainer.accelerator
+            )
 
     def after_fit(self) -> None:
         if self.config.fit.test_after_fit and not self.trainer.fast_dev_run:
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (oneDNN's AVX512-BF16 / AMX path).
+
+    Without it PyTorch falls back to a reference kernel: a training step of the cpu60 model ran
+    13x slower in bf16-mixed than in float32 on an AVX2-only CPU (experiments/benchmarks/fp32.md).
+    """
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def cpu_precision(precision: Any, accelerator: Any) -> Any:
+    """The precision to train with: a bf16 one becomes 32-true on a CPU without native bf16."""
+    on_cpu = accelerator == "cpu" or (
+        accelerator == "auto"
+        and not torch.cuda.is_available()
+        and not torch.backends.mps.is_available()
+    )
+    if not (on_cpu and str(precision).startswith("bf16")) or cpu_has_fast_bf16():
+        return precision
+    log.warning(
+        "trainer.precision=%s: this CPU has no native bfloat16 matrix products (no AVX512-BF16 "
+        "or AMX), where bf16 trains ~13x slower than float32; training in 32-true instead. Pass "
+        "--bf16_fallback false to keep %s.",
+        precision,
+        precision,
+    )
+    return "32-true"
 
 
 def _logger_args(loggers: Any) -> list[Any]:
