@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vit.attention import (
     Attention,
@@ -110,12 +111,29 @@ def test_fused_equals_explicit(dtype: torch.dtype) -> None:
 
 
 def test_kernel_choice_is_explicit_and_validated() -> None:
-    assert default_kernel(torch.device("cpu")) == "explicit"
-    assert default_kernel(torch.device("cuda")) == "fused"
+    assert default_kernel(torch.device("cpu"), torch.bfloat16) == "explicit"
+    assert default_kernel(torch.device("cpu"), torch.float32) == "fused"
+    assert default_kernel(torch.device("cuda"), torch.bfloat16) == "fused"
     with pytest.raises(ValueError, match="kernel='flash'"):
         Attention(8, num_heads=2, kernel="flash")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not divisible by num_heads=3"):
         Attention(8, num_heads=3)
+
+
+@pytest.mark.parametrize(("autocast", "fused_calls"), [(False, 1), (True, 0)])
+def test_auto_picks_by_the_dtype_attention_runs_in(
+    monkeypatch: pytest.MonkeyPatch, autocast: bool, fused_calls: int
+) -> None:
+    """On CPU, `auto` sees q's dtype: bf16 under autocast (explicit), float32 otherwise (fused)."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k)
+    )
+    attn = Attention(16, num_heads=2)  # kernel="auto"
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        attn(torch.randn(2, 5, 16))
+    assert len(calls) == fused_calls
 
 
 @pytest.mark.parametrize("kernel", ["explicit", "fused"])

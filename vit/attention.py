@@ -61,13 +61,16 @@ def mask_and_renormalize(weights: Tensor, mask: Tensor) -> Tensor:
     return masked / masked.sum(dim=-1, keepdim=True)
 
 
-def default_kernel(device: torch.device) -> Literal["fused", "explicit"]:
-    """The kernel `auto` picks: fused on accelerators, explicit on CPU.
+def default_kernel(
+    device: torch.device, dtype: torch.dtype = torch.float32
+) -> Literal["fused", "explicit"]:
+    """The kernel `auto` picks: fused on accelerators and for float32 on CPU, explicit for bf16 on CPU.
 
-    Measured, not assumed: on the 2-core AMX CPU this project trains on, with 65 tokens, the fused
-    CPU kernel is slower than matmul-softmax-matmul in training (experiments/benchmarks/NOTES.md).
+    Measured, not assumed (experiments/benchmarks/NOTES.md): on 2-core CPUs at 65 tokens, the fused
+    CPU kernel loses most of bf16's gain in training (0.55x matmul-softmax-matmul), while in float32
+    it is level with it or faster (1.14x on an AVX2 CPU).
     """
-    return "explicit" if device.type == "cpu" else "fused"
+    return "explicit" if device.type == "cpu" and dtype != torch.float32 else "fused"
 
 
 class Attention(nn.Module):
@@ -119,7 +122,7 @@ class Attention(nn.Module):
     def forward(
         self, x: Tensor, *, mask: Tensor | None = None, num_queries: int | None = None
     ) -> Tensor:
-        """x: (B, N, C) -> (B, N, C), with the kernel chosen by `kernel` (auto: per device).
+        """x: (B, N, C) -> (B, N, C), with the kernel chosen by `kernel` (auto: per device and dtype).
 
         num_queries: compute outputs for the first `num_queries` tokens only, (B, Q, C), with keys
         and values from all N tokens: the same rows as the full output, for less work.
@@ -128,7 +131,7 @@ class Attention(nn.Module):
         if mask is not None and num_queries is not None:
             mask = mask[..., :num_queries, :]  # the queried rows
         dropout_p = self.attn_drop if self.training else 0.0
-        kernel = default_kernel(x.device) if self.kernel == "auto" else self.kernel
+        kernel = default_kernel(q.device, q.dtype) if self.kernel == "auto" else self.kernel
         if kernel == "fused":
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:
