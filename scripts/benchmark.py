@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit.cli import cpu_has_fast_bf16
 from vit.model import VisionTransformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +77,24 @@ def build(name: str, *, width: int, depth: int, heads: int, mlp: int) -> nn.Modu
 
 
 MODELS = ("ours", "ours-fused", "timm", "timm-unfused", "vit-pytorch")
+PRECISIONS = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}
+
+
+def precisions(force_bf16: bool = False) -> tuple[str, ...]:
+    """The precisions to time: bf16-mixed only where this CPU multiplies bf16 natively (elsewhere
+    it trains ~13x slower than float32, experiments/benchmarks/fp32.md), unless forced."""
+    return tuple(PRECISIONS) if force_bf16 or cpu_has_fast_bf16() else ("32-true",)
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() is empty on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def make_steps(model: nn.Module, *, batch: int, precision: str) -> tuple[Callable, Callable]:
@@ -160,12 +179,13 @@ def matmul_ceiling(
     }
 
 
-def ceiling_table(configs: list[tuple[dict, list[int]]]) -> list[dict]:
+def ceiling_table(configs: list[tuple[dict, list[int]]], precs: tuple[str, ...]) -> list[dict]:
     """matmul_ceiling for each configuration (any batch) and precision."""
     rows = []
     for cfg, _batches in configs:
-        for precision, dtype in (("32-true", torch.float32), ("bf16-mixed", torch.bfloat16)):
-            row = dict(**cfg, precision=precision, **matmul_ceiling(**cfg, dtype=dtype))
+        for precision in precs:
+            ceiling = matmul_ceiling(**cfg, dtype=PRECISIONS[precision])
+            row = dict(**cfg, precision=precision, **ceiling)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -187,12 +207,8 @@ def peak_memory_mb(name: str, cfg: dict, batch: int, precision: str) -> float | 
     return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
 
 
-def memory_table(cfg: dict, batch: int = 128) -> dict[str, float | None]:
-    return {
-        f"{n} {p}": peak_memory_mb(n, cfg, batch, p)
-        for n in MODELS
-        for p in ("32-true", "bf16-mixed")
-    }
+def memory_table(cfg: dict, precs: tuple[str, ...], batch: int = 128) -> dict[str, float | None]:
+    return {f"{n} {p}": peak_memory_mb(n, cfg, batch, p) for n in MODELS for p in precs}
 
 
 def bench_data(
@@ -231,7 +247,9 @@ def bench_data(
 def run(args: argparse.Namespace) -> dict:
     results = {
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_name(),
+            "isa": torch.backends.cpu.get_cpu_capability(),
+            "native_bf16": cpu_has_fast_bf16(),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "cuda": torch.cuda.is_available(),
@@ -239,10 +257,10 @@ def run(args: argparse.Namespace) -> dict:
         "command": "python scripts/benchmark.py " + " ".join(args.argv),
         "rows": [],
     }
-    results["matmul_ceiling"] = ceiling_table(args.configs)
+    results["matmul_ceiling"] = ceiling_table(args.configs, args.precisions)
     for cfg, batches in args.configs:
         for batch in batches:
-            for precision in ("32-true", "bf16-mixed"):
+            for precision in args.precisions:
                 models = {n: m for n in MODELS if (m := build(n, **cfg)) is not None}
                 for kind in ("train", "infer"):
                     steps = {
@@ -263,7 +281,7 @@ def run(args: argparse.Namespace) -> dict:
                         print(json.dumps(row), flush=True)
     if args.memory:
         cfg, batch = args.configs[0][0], 128
-        results["peak_memory_mb"] = memory_table(cfg, batch)
+        results["peak_memory_mb"] = memory_table(cfg, args.precisions, batch)
     results["data_pipeline_images_per_s"] = round(bench_data(), 0)
     results["data_pipeline_trivial_augment_images_per_s"] = round(
         bench_data(trivial=True, max_batches=40), 0
@@ -279,6 +297,14 @@ def grouped_rows(rows: list[dict]) -> list[tuple[tuple[int, int, str], list[dict
 
 def to_markdown(results: dict) -> str:
     lines = [f"Command: `{results['command']}`  ", f"Machine: {results['machine']}", ""]
+    if results["machine"].get("native_bf16") is False and not any(
+        r["precision"] == "bf16-mixed" for r in results["rows"]
+    ):
+        lines += [
+            "bf16-mixed: not timed, as this CPU has no native bf16 matrix products (it trains "
+            "~13x slower than float32 there: fp32.md; `--bf16` times it anyway).",
+            "",
+        ]
     rows = results["rows"]
     lines += [
         "| width | batch | step | model | fp32 img/s | bf16-mixed img/s | ours-best / this |",
@@ -329,7 +355,7 @@ def summary_lines(results: dict) -> list[str]:
     lines = [
         "",
         "| width | batch | step | ours, best setting | fastest peer setting | ratio | "
-        "2x that peer | matmul-only ceiling (bf16) |",
+        "2x that peer | matmul-only ceiling (best timed precision) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for (width, batch, kind), sel in grouped_rows(rows):
@@ -338,17 +364,13 @@ def summary_lines(results: dict) -> list[str]:
         if not ours or not peers:  # a peer's package is missing
             continue
         ours, peer = (max(rs, key=lambda r: r["images_per_s"]) for rs in (ours, peers))
-        ceiling = [
-            c["ceiling_images_per_s"]
-            for c in ceilings
-            if (c["width"], c["precision"]) == (width, "bf16-mixed")
-        ]
+        ceiling = [c["ceiling_images_per_s"] for c in ceilings if c["width"] == width]
         lines.append(
             f"| {width} | {batch} | {kind} | {ours['images_per_s']} ({ours['model']}, "
             f"{ours['precision']}) | {peer['images_per_s']} ({peer['model']}, {peer['precision']}) "
             f"| {ours['images_per_s'] / peer['images_per_s']:.2f}x | "
             f"{2 * peer['images_per_s']:.0f} | "
-            + (f"{ceiling[0]:.0f} |" if kind == "train" and ceiling else "- |")
+            + (f"{max(ceiling):.0f} |" if kind == "train" and ceiling else "- |")
         )
     if ceilings:
         lines += [
@@ -386,6 +408,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="measure the matmul-only ceiling only and put it into an existing <name>.json",
     )
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="time bf16-mixed even on a CPU without native bf16 (skipped there by default)",
+    )
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     tiny = dict(width=192, depth=6, heads=3, mlp=768)
@@ -393,13 +420,14 @@ def main(argv: list[str] | None = None) -> None:
     args.configs = [(tiny, [128])] if args.quick else [(tiny, [128, 64, 256]), (wide, [128])]
     args.rounds = args.rounds or (5 if args.quick else 7)
     args.warmup = 2
+    args.precisions = precisions(args.bf16)
     if args.ceiling_only:
         results = json.loads((OUT / f"{args.name}.json").read_text())
-        results["matmul_ceiling"] = ceiling_table(args.configs)
+        results["matmul_ceiling"] = ceiling_table(args.configs, args.precisions)
         results["ceiling_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
     elif args.memory_only:
         results = json.loads((OUT / f"{args.name}.json").read_text())
-        results["peak_memory_mb"] = memory_table(args.configs[0][0])
+        results["peak_memory_mb"] = memory_table(args.configs[0][0], args.precisions)
         results["memory_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
     else:
         results = run(args)

@@ -13,6 +13,7 @@ spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "b
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 CFG = dict(width=32, depth=1, heads=2, mlp=64)
+DATA = {"data_pipeline_images_per_s": 1e5, "data_pipeline_trivial_augment_images_per_s": 2500.0}
 
 
 @pytest.mark.parametrize("name", bench.MODELS)
@@ -44,9 +45,8 @@ def test_interleaved_timing_and_markdown_table() -> None:
             "machine": {"cuda": False},
             "rows": rows,
             "matmul_ceiling": [dict(**CFG, precision="bf16-mixed", **ceiling)],
-            "data_pipeline_images_per_s": 1e5,
-            "data_pipeline_trivial_augment_images_per_s": 2500.0,
         }
+        | DATA
     )
     # ours best (ours-fused, 101) against the fastest peer (timm, 102); ceiling beside 2x the peer
     assert (
@@ -58,6 +58,19 @@ def test_interleaved_timing_and_markdown_table() -> None:
     assert "| 32 | 4 | train | ours | 100.0 | 100.0 | 1.01x |" in table  # best ours / this row
     assert "| 32 | 4 | train | timm | 102.0 | 102.0 | 0.99x |" in table
     assert "GPU: not measured" in table
+
+
+def test_bf16_is_timed_only_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "cpu_has_fast_bf16", lambda: False)
+    assert bench.precisions() == ("32-true",)
+    assert bench.precisions(force_bf16=True) == ("32-true", "bf16-mixed")
+    rows = [dict(**CFG, batch=4, precision="32-true", kind="train", model="ours", images_per_s=9.0)]
+    machine = {"cuda": False, "native_bf16": False}
+    table = bench.to_markdown({"command": "x", "machine": machine, "rows": rows} | DATA)
+    assert "bf16-mixed: not timed, as this CPU has no native bf16" in table
+    assert "| 32 | 4 | train | ours | 9.0 | None | 1.00x |" in table
+    monkeypatch.setattr(bench, "cpu_has_fast_bf16", lambda: True)
+    assert bench.precisions() == ("32-true", "bf16-mixed")
 
 
 def test_flop_count_of_a_training_step_is_what_torch_counts() -> None:
