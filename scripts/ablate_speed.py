@@ -102,12 +102,13 @@ def resolution_step(
     fused_adam: bool,
     precision: str = "bf16-mixed",
     kernel: str = "explicit",
+    mlp_ratio: float = 2.0,
 ):
     """One training step of the cpu60 model on side x side images (bf16 autocast or float32)."""
     from vit.model import create_model
 
     torch.manual_seed(0)
-    model = create_model("vit_tiny", mlp_ratio=2.0, dynamic_img_size=True, kernel=kernel)
+    model = create_model("vit_tiny", mlp_ratio=mlp_ratio, dynamic_img_size=True, kernel=kernel)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
     x, y = torch.randn(batch, 3, side, side), torch.randint(0, 10, (batch,))
     autocast = precision == "bf16-mixed"
@@ -216,6 +217,32 @@ def fp32_main(args: argparse.Namespace) -> None:
         about=f"batch {args.batch}, width 192, depth 6, 3 heads, MLP 384, patch 4, fused AdamW; "
         f"CPU ISA {torch.backends.cpu.get_cpu_capability()}, native bf16: "
         f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}",
+    )
+
+
+def kernels_fp32_main(args: argparse.Namespace) -> None:
+    """Explicit vs fused attention in float32 at 32x32, MLP ratio 2 (cpu60) and 4 (benchmark.py)."""
+    steps = {
+        f"MLP ratio {ratio:g}, {kernel}": resolution_step(
+            side=32,
+            batch=args.batch,
+            fused_adam=True,
+            precision="32-true",
+            kernel=kernel,
+            mlp_ratio=ratio,
+        )
+        for ratio in (2.0, 4.0)
+        for kernel in ("explicit", "fused")
+    }
+    time_and_write(
+        steps,
+        args=args,
+        base="MLP ratio 2, explicit",
+        stem="kernels_fp32",
+        command=f"python scripts/ablate_speed.py --kernels-fp32 --batch {args.batch} "
+        f"--rounds {args.rounds}",
+        about=f"float32, 32x32, batch {args.batch}, width 192, depth 6, 3 heads, fused AdamW; "
+        f"CPU ISA {torch.backends.cpu.get_cpu_capability()}",
     )
 
 
@@ -354,6 +381,7 @@ def main() -> None:
     p.add_argument("--resolutions", action="store_true", help="time the curriculum's stages")
     p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
+    p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")
     p.add_argument("--processes", type=int, default=3, help="--allocator: processes per setting")
     p.add_argument("--loop", action="store_true", help="the fit loop vs its bare step")
     p.add_argument("--loop-steps", type=int, default=250, help="--loop: steps timed per loop")
@@ -371,6 +399,9 @@ def main() -> None:
         return
     if args.fp32:
         fp32_main(args)
+        return
+    if args.kernels_fp32:
+        kernels_fp32_main(args)
         return
     variants = {}
     for kernel in ("explicit", "fused"):
