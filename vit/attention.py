@@ -68,7 +68,7 @@ def default_kernel(
 
     Measured, not assumed (experiments/benchmarks/NOTES.md): on 2-core CPUs at 65 tokens, the fused
     CPU kernel loses most of bf16's gain in training (0.55x matmul-softmax-matmul), while in float32
-    it is level with it or faster (1.14x on an AVX2 CPU).
+    it is level in training and 1.06-1.15x faster in inference (AVX2 CPU, cpu-avx2.md).
     """
     return "explicit" if device.type == "cpu" and dtype != torch.float32 else "fused"
 
