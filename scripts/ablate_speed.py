@@ -216,7 +216,7 @@ def fp32_main(args: argparse.Namespace) -> None:
         command=f"python scripts/ablate_speed.py --fp32 --batch {args.batch} --rounds {args.rounds}",
         about=f"batch {args.batch}, width 192, depth 6, 3 heads, MLP 384, patch 4, fused AdamW; "
         f"CPU ISA {torch.backends.cpu.get_cpu_capability()}, native bf16: "
-        f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}",
+        f"{bench.cpu_has_fast_bf16()}",
     )
 
 
