@@ -26,6 +26,13 @@ times the same model's bare step (random 32x32 input, as above) against Lightnin
 the CIFAR-10 archive (loading, augmentation, metrics, schedule; then also CSV logging every 50
 steps and last.ckpt every 100, as vit-train runs the recipe), mean seconds per step after a
 warm-up, and writes experiments/benchmarks/loop.{json,md}: what the loop costs beyond the step.
+
+    python scripts/ablate_speed.py --fp32           # for CPUs without native bf16
+    python scripts/ablate_speed.py --kernels-fp32   # float32: explicit vs fused attention
+
+time the cpu60 model in float32 (explicit and fused attention at 16x16, 24x24 and 32x32, then
+bf16-mixed at 32x32 for comparison: fp32.{json,md}), and explicit against fused attention in
+float32 training at MLP ratio 2 and 4 (kernels_fp32.{json,md}).
 """
 
 from __future__ import annotations
