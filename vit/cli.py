@@ -50,7 +50,7 @@ class ViTCLI(LightningCLI):
             config.ckpt_path = resume_latest_run(config.trainer.logger)
         share_logger_version(config.trainer.logger)
         check_writable(config.trainer.logger)
-        if config.get("bf16_fallback", True):
+        if config.bf16_fallback:
             config.trainer.precision = cpu_precision(
                 config.trainer.precision, config.trainer.accelerator
             )
@@ -61,9 +61,10 @@ class ViTCLI(LightningCLI):
 
 
 def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively (oneDNN's AVX512-BF16 / AMX path).
+    """Whether oneDNN has a bfloat16 path on this CPU: native on AVX512-BF16 / AMX, emulated on
+    plain AVX-512 (not measured here).
 
-    Without it PyTorch falls back to a reference kernel: a training step of the cpu60 model ran
+    Without one (AVX2 only) PyTorch falls back to a reference kernel: a training step of the cpu60 model ran
     13x slower in bf16-mixed than in float32 on an AVX2-only CPU (experiments/benchmarks/fp32.md).
     """
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
