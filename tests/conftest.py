@@ -7,6 +7,9 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import vit  # noqa: F401  first, as the CLI does: MKL's AVX2 kernels on AMD CPUs (vit/mkl_amd.py)
+
+# isort: split
 import lightning as L
 import pytest
 import torch

@@ -80,6 +80,31 @@ def test_bf16_falls_back_to_float32_on_a_cpu_without_native_bf16(
         assert "--bf16_fallback false" in caplog.text  # says how to keep bf16
 
 
+@pytest.mark.parametrize(
+    ("status", "warned"),
+    [
+        ("not possible: torch was imported before vit, ...", True),  # AMD, and speed lost
+        ("on: MKL uses its AVX2 kernels on this AMD CPU (x.so)", False),
+        ("not needed: GenuineIntel CPU", False),
+        ("off: VIT_MKL_AVX2=0", False),  # the user's choice: nothing to warn about
+    ],
+)
+def test_training_warns_where_the_mkl_shim_could_not_help(
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    status: str,
+    warned: bool,
+) -> None:
+    monkeypatch.setattr("vit.mkl_amd._status", status)
+    args = train_args(image_tree, tmp_path / "runs")
+    ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
+    assert ("MKL's AVX2 kernels" in caplog.text) == warned
+    if warned:
+        assert status in caplog.text  # the status says why and how to fix it
+
+
 def test_a_run_records_the_precision_it_trained_with(
     image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
+from vit import mkl_amd
 from vit.checkpoint import WEIGHTS, WEIGHTS_HELP, load_model, weights_kind
 from vit.data import CIFAR10DataModule
 from vit.evaluate import evaluate_loader
@@ -54,6 +56,7 @@ class ViTCLI(LightningCLI):
             config.trainer.precision = cpu_precision(
                 config.trainer.precision, config.trainer.accelerator
             )
+        report_mkl_status()
 
     def after_fit(self) -> None:
         if self.config.fit.test_after_fit and not self.trainer.fast_dev_run:
@@ -87,6 +90,15 @@ def cpu_precision(precision: Any, accelerator: Any) -> Any:
         precision,
     )
     return "32-true"
+
+
+def report_mkl_status() -> None:
+    """Say what vit.mkl_amd did: a warning where it could not help an AMD CPU, info where on."""
+    status = mkl_amd.status()
+    if status.startswith("not possible"):
+        log.warning("MKL's AVX2 kernels (vit/mkl_amd.py): %s", status)
+    elif status.startswith("on"):
+        rank_zero_info(f"vit.mkl_amd: {status}")
 
 
 def _logger_args(loggers: Any) -> list[Any]:

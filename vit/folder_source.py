@@ -26,6 +26,8 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.transforms.v2.functional import resize, to_dtype
 
+from vit.paths import default_cache_dir
+
 try:  # deprecated in torchvision 0.29 (for TorchCodec) but 3x faster than PIL on these JPEGs
     from torchvision.io import ImageReadMode, decode_image
 except ImportError:  # pragma: no cover - a torchvision without it: PIL decodes everything
@@ -46,11 +48,6 @@ _CACHE_VERSION = 1
 Split = Literal["train", "test"]
 Tree = dict[str, list[tuple[str, "bytes | Path"]]]  # class -> [(name for errors, bytes or file)]
 Loaded = tuple[Tensor, Tensor, list[str]]  # images (N, 3, H, W) uint8, labels (N,) int64, classes
-
-
-def default_cache_dir() -> Path:
-    """$VIT_CACHE_DIR if set, else ~/.cache/vit."""
-    return Path(os.environ.get("VIT_CACHE_DIR") or Path.home() / ".cache" / "vit").expanduser()
 
 
 def decode_image_bytes(data: bytes, *, name: str) -> Tensor:
