@@ -33,6 +33,13 @@ warm-up, and writes experiments/benchmarks/loop.{json,md}: what the loop costs b
 time the cpu60 model in float32 (explicit and fused attention at 16x16, 24x24 and 32x32, then
 bf16-mixed at 32x32 for comparison: fp32.{json,md}), and explicit against fused attention in
 float32 training at MLP ratio 2 and 4 (kernels_fp32.{json,md}).
+
+    python scripts/ablate_speed.py --mkl            # AMD CPUs: MKL's generic vs AVX2 kernels
+
+times float32 training steps (the cpu60 model at 16x16 and 32x32; ours, timm and vit-pytorch at
+benchmark.py's configuration) with MKL on its generic path (VIT_MKL_AVX2=0) and on its AVX2 path
+(vit/mkl_amd.py, the default), each setting in fresh processes, alternating, and writes
+experiments/benchmarks/mkl_amd.{json,md}.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -47,6 +55,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import vit  # noqa: F401  first: MKL's AVX2 kernels on AMD CPUs load with torch (vit/mkl_amd.py)
+
+# isort: split
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -305,6 +316,66 @@ def allocator_main(args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
+MKL_CHILD = """
+import json, sys, time
+import vit  # first: vit.mkl_amd decides MKL's kernels before torch loads
+sys.path.insert(0, "scripts")
+import ablate_speed as ab
+import benchmark as bench
+steps = {{f"cpu60 model {{s}}x{{s}}": ab.resolution_step(side=s, batch={batch}, fused_adam=True,
+         precision="32-true", kernel="auto") for s in (16, 32)}}
+cfg = dict(width=192, depth=6, heads=3, mlp=768)
+steps.update({{f"{{n}} (benchmark.py's model)": bench.make_steps(bench.build(n, **cfg),
+              batch={batch}, precision="32-true")[0] for n in {models!r}}})
+secs = bench.time_interleaved(steps, warmup=2, rounds={rounds})
+print(json.dumps({{"status": vit.mkl_amd.status(), **{{n: {batch} / s for n, s in secs.items()}}}}))
+"""
+
+
+def mkl_main(args: argparse.Namespace) -> None:
+    """MKL's generic path (VIT_MKL_AVX2=0) against its AVX2 one on an AMD CPU (vit/mkl_amd.py):
+    float32 training steps, each setting in fresh processes, alternating."""
+    runs: dict[str, list[dict]] = {"MKL generic (VIT_MKL_AVX2=0)": [], "MKL AVX2 (default)": []}
+    for _ in range(args.processes):
+        for setting, env in zip(runs, ("0", "1"), strict=True):
+            code = MKL_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS, rounds=args.rounds)
+            out = subprocess.run(
+                [sys.executable, "-c", code],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "VIT_MKL_AVX2": env},
+            )
+            if out.returncode != 0:
+                raise SystemExit(out.stderr)
+            runs[setting].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    names = [n for n in runs["MKL AVX2 (default)"][0] if n != "status"]
+    table = {s: {n: statistics.median(r[n] for r in rs) for n in names} for s, rs in runs.items()}
+    command = (
+        f"python scripts/ablate_speed.py --mkl --batch {args.batch} --rounds {args.rounds} "
+        f"--processes {args.processes}"
+    )
+    out = {"command": command, "batch": args.batch, "runs": runs, "median_images_per_s": table}
+    bench.OUT.mkdir(parents=True, exist_ok=True)
+    (bench.OUT / "mkl_amd.json").write_text(json.dumps(out, indent=2))
+    generic, avx2 = table.values()
+    lines = [
+        f"Command: `{command}` (float32 training steps, fused AdamW; median over "
+        f"{args.processes} fresh processes per setting, alternating; CPU ISA "
+        f"{torch.backends.cpu.get_cpu_capability()})",
+        "",
+        "Status in the AVX2 runs: " + runs["MKL AVX2 (default)"][0]["status"],
+        "",
+        "| model | MKL generic img/s | MKL AVX2 img/s | AVX2 / generic |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {n} | {generic[n]:.1f} | {avx2[n]:.1f} | {avx2[n] / generic[n]:.2f}x |" for n in names
+    ]
+    (bench.OUT / "mkl_amd.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def loop_fit(*, args: argparse.Namespace, record: bool, root: Path) -> float:
     """Mean seconds per step of vit-train's loop (the cpu60 model, bf16-mixed, fused AdamW), no
     validation; with `record`, CSV logging every 50 steps and last.ckpt every 100 as well."""
@@ -389,7 +460,8 @@ def main() -> None:
     p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")
-    p.add_argument("--processes", type=int, default=3, help="--allocator: processes per setting")
+    p.add_argument("--mkl", action="store_true", help="AMD CPUs: MKL's generic vs AVX2 path")
+    p.add_argument("--processes", type=int, default=3, help="--allocator, --mkl: processes each")
     p.add_argument("--loop", action="store_true", help="the fit loop vs its bare step")
     p.add_argument("--loop-steps", type=int, default=250, help="--loop: steps timed per loop")
     p.add_argument("--loop-repeats", type=int, default=1, help="--loop: alternated runs of each")
@@ -400,6 +472,9 @@ def main() -> None:
         return
     if args.allocator:
         allocator_main(args)
+        return
+    if args.mkl:
+        mkl_main(args)
         return
     if args.resolutions:
         resolution_main(args)

@@ -24,6 +24,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import vit  # first: MKL's AVX2 kernels on AMD CPUs load with torch (vit/mkl_amd.py)
+
+# isort: split
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -250,6 +253,7 @@ def run(args: argparse.Namespace) -> dict:
             "cpu": cpu_name(),
             "isa": torch.backends.cpu.get_cpu_capability(),
             "native_bf16": cpu_has_fast_bf16(),
+            "mkl_amd": vit.mkl_amd.status(),  # every model here runs on the same MKL path
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "cuda": torch.cuda.is_available(),

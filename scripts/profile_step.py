@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 
+import vit  # noqa: F401  first: MKL's AVX2 kernels on AMD CPUs load with torch (vit/mkl_amd.py)
+
+# isort: split
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
