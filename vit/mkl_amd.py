@@ -2,9 +2,9 @@
 
 PyTorch's x86 wheels multiply float32 matrices with Intel's MKL, which chooses its kernels by CPU
 vendor: on an AMD CPU it takes its generic path ("Intel(R) Architecture processors" under
-MKL_VERBOSE=1) even where the CPU has AVX2 and FMA. On an AMD EPYC (Zen 3, 2 cores) that halves
-float32 matrix products (2048^3: 87 against 170 GFLOP/s) and costs 15-25% of a training step
-(experiments/benchmarks/mkl_amd.md).
+MKL_VERBOSE=1) even where the CPU has AVX2 and FMA. On a 2-core AMD EPYC (Zen 3) the AVX2 path
+trained the 60-minute recipe's model 1.19x faster in float32 at 32x32 (no gain at 16x16, where
+the products are small): experiments/benchmarks/mkl_amd.md.
 
 MKL asks `mkl_serv_intel_cpu()` whether the CPU is Intel's, through libtorch_cpu.so's symbol table,
 so a library loaded into the global symbol scope before torch that answers 1 makes MKL take the
@@ -131,7 +131,7 @@ def enable() -> str:
             except OSError:  # a damaged cached copy: build it afresh, once
                 lib.unlink(missing_ok=True)
                 ctypes.CDLL(str(build(default_cache_dir())), mode=os.RTLD_GLOBAL)
-            _status = f"on: MKL uses its AVX2 kernels on this AMD CPU ({lib})"
+            _status = f"on: MKL (torch's float32 BLAS on x86) takes its AVX2 kernels ({lib})"
         except (OSError, RuntimeError) as err:
             _status = f"not possible: the shim did not build or load ({err})"
     return _status
