@@ -281,18 +281,39 @@ print(json.dumps({{"applied": applied, **{{n: {batch} / s for n, s in secs.items
 """
 
 
-def allocator_main(args: argparse.Namespace) -> None:
-    """Each setting in fresh processes, alternating; median img/s per model over the processes."""
-    runs: dict[str, list[dict]] = {"glibc default": [], "freed memory kept": []}
-    for _ in range(args.processes):
-        for setting, keep in (("glibc default", False), ("freed memory kept", True)):
-            code = ALLOCATOR_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS, keep=keep)
+def alternate_processes(
+    settings: dict[str, tuple[str, dict[str, str]]], *, processes: int
+) -> dict[str, list[dict]]:
+    """Run each setting's (child code, extra environment) in `processes` fresh Python processes,
+    alternating between settings; each run's last line of output, read as JSON."""
+    runs: dict[str, list[dict]] = {setting: [] for setting in settings}
+    for _ in range(processes):
+        for setting, (code, env) in settings.items():
             out = subprocess.run(
-                [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True
+                [sys.executable, "-c", code],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                env={**os.environ, **env},
             )
             if out.returncode != 0:
                 raise SystemExit(out.stderr)
             runs[setting].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def allocator_main(args: argparse.Namespace) -> None:
+    """Each setting in fresh processes, alternating; median img/s per model over the processes."""
+    runs = alternate_processes(
+        {
+            setting: (
+                ALLOCATOR_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS, keep=keep),
+                {},
+            )
+            for setting, keep in (("glibc default", False), ("freed memory kept", True))
+        },
+        processes=args.processes,
+    )
     table = {
         setting: {n: statistics.median(r[n] for r in rs) for n in ALLOCATOR_MODELS}
         for setting, rs in runs.items()
@@ -335,20 +356,14 @@ print(json.dumps({{"status": vit.mkl_amd.status(), **{{n: {batch} / s for n, s i
 def mkl_main(args: argparse.Namespace) -> None:
     """MKL's generic path (VIT_MKL_AVX2=0) against its AVX2 one on an AMD CPU (vit/mkl_amd.py):
     float32 training steps, each setting in fresh processes, alternating."""
-    runs: dict[str, list[dict]] = {"MKL generic (VIT_MKL_AVX2=0)": [], "MKL AVX2 (default)": []}
-    for _ in range(args.processes):
-        for setting, env in zip(runs, ("0", "1"), strict=True):
-            code = MKL_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS, rounds=args.rounds)
-            out = subprocess.run(
-                [sys.executable, "-c", code],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                env={**os.environ, "VIT_MKL_AVX2": env},
-            )
-            if out.returncode != 0:
-                raise SystemExit(out.stderr)
-            runs[setting].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    code = MKL_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS, rounds=args.rounds)
+    runs = alternate_processes(
+        {
+            "MKL generic (VIT_MKL_AVX2=0)": (code, {"VIT_MKL_AVX2": "0"}),
+            "MKL AVX2 (default)": (code, {"VIT_MKL_AVX2": "1"}),
+        },
+        processes=args.processes,
+    )
     names = [n for n in runs["MKL AVX2 (default)"][0] if n != "status"]
     table = {s: {n: statistics.median(r[n] for r in rs) for n in names} for s, rs in runs.items()}
     command = (
