@@ -213,6 +213,55 @@ def resolution_main(args: argparse.Namespace) -> None:
     )
 
 
+def batch_sizes_main(args: argparse.Namespace) -> None:
+    """The cpu60 model's curriculum stages at batch 64 against 128 (bf16-mixed, fused AdamW),
+    interleaved: images/s per stage, since halving the batch doubles the optimizer steps an
+    hour buys only if the images/s hold."""
+    sizes = (64, 128)
+    steps = {
+        f"{side}x{side} batch {b}": resolution_step(side=side, batch=b, fused_adam=True)
+        for side in (16, 24, 32)
+        for b in sizes
+    }
+    secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
+    rows = []
+    for side in (16, 24, 32):
+        ref = 128 / secs[f"{side}x{side} batch 128"]
+        for b in sizes:
+            ips = b / secs[f"{side}x{side} batch {b}"]
+            rows.append(
+                {
+                    "variant": f"{side}x{side} batch {b}",
+                    "batch": b,
+                    "ms_per_step": round(1000 * secs[f"{side}x{side} batch {b}"], 1),
+                    "images_per_s": round(ips, 1),
+                    "vs_batch_128": round(ips / ref, 3),
+                }
+            )
+    command = f"python scripts/ablate_speed.py --batch-sizes --rounds {args.rounds}"
+    out = {
+        "command": command,
+        "rows": rows,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    bench.OUT.mkdir(parents=True, exist_ok=True)
+    (bench.OUT / "batch_sizes.json").write_text(json.dumps(out, indent=2))
+    lines = [
+        f"Command: `{command}` (width 192, depth 6, 3 heads, MLP 384, patch 4, bf16-mixed, "
+        "fused AdamW; median of interleaved rounds)",
+        "",
+        "| stage, batch | ms/step | train img/s | img/s vs batch 128 |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['variant']} | {r['ms_per_step']} | {r['images_per_s']} | {r['vs_batch_128']:.2f}x |"
+        for r in rows
+    ]
+    (bench.OUT / "batch_sizes.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def fp32_main(args: argparse.Namespace) -> None:
     """For CPUs without native bf16: the cpu60 model's curriculum stages in float32, explicit vs
     fused attention (interleaved), then bf16-mixed at 32x32 (3 rounds: it is slow there)."""
@@ -472,6 +521,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--resolutions", action="store_true", help="time the curriculum's stages")
+    p.add_argument("--batch-sizes", action="store_true", help="curriculum stages: batch 64 vs 128")
     p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")
@@ -490,6 +540,9 @@ def main() -> None:
         return
     if args.mkl:
         mkl_main(args)
+        return
+    if args.batch_sizes:
+        batch_sizes_main(args)
         return
     if args.resolutions:
         resolution_main(args)
