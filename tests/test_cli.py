@@ -84,7 +84,7 @@ def test_bf16_falls_back_to_float32_on_a_cpu_without_native_bf16(
     ("status", "warned"),
     [
         ("not possible: torch was imported before vit, ...", True),  # AMD, and speed lost
-        ("on: MKL (torch's float32 BLAS on x86) takes its AVX2 kernels (x.so)", False),
+        ("on: MKL (torch's float32 BLAS on x86) takes its AVX2 or AVX-512 kernels (x.so)", False),
         ("not needed: GenuineIntel CPU", False),
         ("off: VIT_MKL_AVX2=0", False),  # the user's choice: nothing to warn about
     ],

@@ -4,7 +4,10 @@ PyTorch's x86 wheels multiply float32 matrices with Intel's MKL, which chooses i
 vendor: on an AMD CPU it takes its generic path ("Intel(R) Architecture processors" under
 MKL_VERBOSE=1) even where the CPU has AVX2 and FMA. On a 2-core AMD EPYC (Zen 3) the AVX2 path
 trained the 60-minute recipe's model 1.19x faster in float32 at 32x32 (no gain at 16x16, where
-the products are small): experiments/benchmarks/mkl_amd.md.
+the products are small): experiments/benchmarks/mkl_amd.md. On an AMD CPU with AVX-512 (Zen 4,
+session 9's EPYC) the same answer makes MKL take its AVX-512 path instead (its banner under
+MKL_VERBOSE=1 says so; its speed there is not measured: the recipes train in bf16 on such CPUs,
+through oneDNN, which MKL's vendor check does not touch).
 
 MKL asks `mkl_serv_intel_cpu()` whether the CPU is Intel's, through libtorch_cpu.so's symbol table,
 so a library loaded into the global symbol scope before torch that answers 1 makes MKL take the
@@ -131,7 +134,10 @@ def enable() -> str:
             except OSError:  # a damaged cached copy: build it afresh, once
                 lib.unlink(missing_ok=True)
                 ctypes.CDLL(str(build(default_cache_dir())), mode=os.RTLD_GLOBAL)
-            _status = f"on: MKL (torch's float32 BLAS on x86) takes its AVX2 kernels ({lib})"
+            _status = (
+                "on: MKL (torch's float32 BLAS on x86) takes its AVX2 or AVX-512 kernels, "
+                f"as the CPU allows ({lib})"
+            )
         except (OSError, RuntimeError) as err:
             _status = f"not possible: the shim did not build or load ({err})"
     return _status
