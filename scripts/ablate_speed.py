@@ -20,6 +20,12 @@ experiments/benchmarks/allocator.{json,md}.
 times the 60-minute recipe's model (width 192, depth 6, MLP ratio 2, bf16-mixed, fused AdamW)
 on 16x16, 24x24 and 32x32 images, and writes experiments/benchmarks/resolution.{json,md}.
 
+    python scripts/ablate_speed.py --batch-sizes 64 # the curriculum's stages: batch 64 vs 128
+
+times the same model's stages at the batch sizes given against batch 128, interleaved, and
+writes experiments/benchmarks/batch_sizes_<sizes>.{json,md}: images/s per stage, since the batch
+size decides how many optimizer steps the 60-minute recipe's hour buys.
+
     python scripts/ablate_speed.py --loop           # the whole training loop vs its bare step
 
 times the same model's bare step (random 32x32 input, as above) against Lightning's fit loop on
@@ -214,10 +220,10 @@ def resolution_main(args: argparse.Namespace) -> None:
 
 
 def batch_sizes_main(args: argparse.Namespace) -> None:
-    """The cpu60 model's curriculum stages at batch 64 against 128 (bf16-mixed, fused AdamW),
-    interleaved: images/s per stage, since halving the batch doubles the optimizer steps an
-    hour buys only if the images/s hold."""
-    sizes = (64, 128)
+    """The cpu60 model's curriculum stages at other batch sizes against 128 (bf16-mixed, fused
+    AdamW), interleaved: images/s per stage, since a batch size changes the steps and the
+    images an hour buys."""
+    sizes = sorted({128, *args.batch_sizes})
     steps = {
         f"{side}x{side} batch {b}": resolution_step(side=side, batch=b, fused_adam=True)
         for side in (16, 24, 32)
@@ -238,7 +244,8 @@ def batch_sizes_main(args: argparse.Namespace) -> None:
                     "vs_batch_128": round(ips / ref, 3),
                 }
             )
-    command = f"python scripts/ablate_speed.py --batch-sizes --rounds {args.rounds}"
+    listed = " ".join(str(b) for b in args.batch_sizes)
+    command = f"python scripts/ablate_speed.py --batch-sizes {listed} --rounds {args.rounds}"
     out = {
         "command": command,
         "rows": rows,
@@ -246,7 +253,8 @@ def batch_sizes_main(args: argparse.Namespace) -> None:
         "torch": torch.__version__,
     }
     bench.OUT.mkdir(parents=True, exist_ok=True)
-    (bench.OUT / "batch_sizes.json").write_text(json.dumps(out, indent=2))
+    stem = f"batch_sizes_{'_'.join(str(b) for b in args.batch_sizes)}"
+    (bench.OUT / f"{stem}.json").write_text(json.dumps(out, indent=2))
     lines = [
         f"Command: `{command}` (width 192, depth 6, 3 heads, MLP 384, patch 4, bf16-mixed, "
         "fused AdamW; median of interleaved rounds)",
@@ -258,7 +266,7 @@ def batch_sizes_main(args: argparse.Namespace) -> None:
         f"| {r['variant']} | {r['ms_per_step']} | {r['images_per_s']} | {r['vs_batch_128']:.2f}x |"
         for r in rows
     ]
-    (bench.OUT / "batch_sizes.md").write_text("\n".join(lines) + "\n")
+    (bench.OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -521,7 +529,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--resolutions", action="store_true", help="time the curriculum's stages")
-    p.add_argument("--batch-sizes", action="store_true", help="curriculum stages: batch 64 vs 128")
+    p.add_argument(
+        "--batch-sizes", type=int, nargs="+", help="curriculum stages: these batches vs 128"
+    )
     p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")
