@@ -176,25 +176,46 @@ def write_table(
         }
         for n, s in secs.items()
     ]
+    save_rows(
+        rows,
+        stem=stem,
+        command=command,
+        about=about,
+        header=("variant", f"vs {base}"),
+        ratio_key="vs_base",
+        meta={"batch": batch, "base": base, **(extra or {})},
+    )
+
+
+def save_rows(
+    rows: list[dict],
+    *,
+    stem: str,
+    command: str,
+    about: str,
+    header: tuple[str, str],
+    ratio_key: str,
+    meta: dict,
+) -> None:
+    """Timed rows (variant, ms_per_step, images_per_s and a ratio) -> <stem>.json and <stem>.md,
+    printed too; `header` names the first and the ratio column."""
     out = {
         "command": command,
-        "batch": batch,
-        "base": base,
+        **meta,
         "rows": rows,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        **(extra or {}),
     }
     bench.OUT.mkdir(parents=True, exist_ok=True)
     (bench.OUT / f"{stem}.json").write_text(json.dumps(out, indent=2))
     lines = [
         f"Command: `{command}` ({about})",
         "",
-        f"| variant | ms/step | train img/s | vs {base} |",
+        f"| {header[0]} | ms/step | train img/s | {header[1]} |",
         "|---|---|---|---|",
     ]
     lines += [
-        f"| {r['variant']} | {r['ms_per_step']} | {r['images_per_s']} | {r['vs_base']:.2f}x |"
+        f"| {r['variant']} | {r['ms_per_step']} | {r['images_per_s']} | {r[ratio_key]:.2f}x |"
         for r in rows
     ]
     (bench.OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
@@ -245,29 +266,16 @@ def batch_sizes_main(args: argparse.Namespace) -> None:
                 }
             )
     listed = " ".join(str(b) for b in args.batch_sizes)
-    command = f"python scripts/ablate_speed.py --batch-sizes {listed} --rounds {args.rounds}"
-    out = {
-        "command": command,
-        "rows": rows,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
-    bench.OUT.mkdir(parents=True, exist_ok=True)
-    stem = f"batch_sizes_{'_'.join(str(b) for b in args.batch_sizes)}"
-    (bench.OUT / f"{stem}.json").write_text(json.dumps(out, indent=2))
-    lines = [
-        f"Command: `{command}` (width 192, depth 6, 3 heads, MLP 384, patch 4, bf16-mixed, "
-        "fused AdamW; median of interleaved rounds)",
-        "",
-        "| stage, batch | ms/step | train img/s | img/s vs batch 128 |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['variant']} | {r['ms_per_step']} | {r['images_per_s']} | {r['vs_batch_128']:.2f}x |"
-        for r in rows
-    ]
-    (bench.OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    save_rows(
+        rows,
+        stem=f"batch_sizes_{'_'.join(str(b) for b in args.batch_sizes)}",
+        command=f"python scripts/ablate_speed.py --batch-sizes {listed} --rounds {args.rounds}",
+        about="width 192, depth 6, 3 heads, MLP 384, patch 4, bf16-mixed, fused AdamW; "
+        "median of interleaved rounds",
+        header=("stage, batch", "img/s vs batch 128"),
+        ratio_key="vs_batch_128",
+        meta={},
+    )
 
 
 def fp32_main(args: argparse.Namespace) -> None:
