@@ -33,6 +33,17 @@ def test_warmup_then_cosine_reaches_the_floor_at_the_end() -> None:
     assert values[100] == pytest.approx(0.1)
 
 
+def test_linear_decay_falls_in_a_straight_line_to_the_floor() -> None:
+    linear = WarmupCosine(total_steps=110, warmup_steps=10, min_ratio=0.1, decay="linear")
+    cosine = WarmupCosine(total_steps=110, warmup_steps=10, min_ratio=0.1)
+    assert [linear(s) for s in range(10)] == [cosine(s) for s in range(10)]  # same warm-up
+    steps = [linear(s) - linear(s + 1) for s in range(10, 110)]
+    assert steps == pytest.approx([0.9 / 100] * 100)  # equal steps down, from 1 to the floor
+    assert linear(35) == pytest.approx(0.1 + 0.9 * 0.75)  # a quarter of the way: 3/4 of the way up
+    assert cosine(35) > linear(35) and cosine(85) < linear(85)  # cosine: higher, then lower
+    assert linear(110) == pytest.approx(0.1) and linear(500) == pytest.approx(0.1)
+
+
 def test_sizes_come_from_the_preset_unless_overridden() -> None:
     module = ViTClassifier(preset="vit_tiny", depth=2)
     assert module.model.embed_dim == 192 and len(module.model.blocks) == 2
@@ -48,6 +59,7 @@ def test_sizes_come_from_the_preset_unless_overridden() -> None:
         (dict(drop_rate=1.2), "drop_rate=1.2"),
         (dict(mixup_alpha=-0.2), "mixup_alpha=-0.2"),
         (dict(cutmix_alpha=1.0, mix_prob=2.0), "mix_prob=2.0 in \\[0, 1\\]"),
+        (dict(lr_decay="step"), "lr_decay='step' is not a schedule shape"),
     ],
 )
 def test_bad_values_fail_clearly(kwargs: dict, message: str) -> None:
@@ -242,6 +254,32 @@ def test_time_budget_anneals_to_zero_and_stops_when_the_time_is_up(tmp_path) -> 
     assert trainer.optimizers[0].param_groups[0]["lr"] < 1e-6  # at zero when the time is up
     assert "val/acc" in trainer.callback_metrics  # the stop ran a final validation
     assert sides[0] == 16 and sides[-1] == 32
+
+
+def test_time_budget_with_linear_decay_steps_the_lr_down_evenly(tmp_path) -> None:
+    module = ViTClassifier(
+        preset="vit_nano", **TINY_ARGS, time_budget_min=1.0, warmup_fraction=0.1, lr_decay="linear"
+    )
+    module._clock = FakeClock(tick=1.0)  # the same time per step: the same fall per step
+    lrs = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=1000,
+        num_sanity_val_steps=0,
+        val_check_interval="01:00:00:00",
+        callbacks=[Record()],
+    )
+    trainer.fit(module, random_loader(32), random_loader(16))
+    peak = lrs.index(max(lrs))
+    falls = [a - b for a, b in zip(lrs[peak:-1], lrs[peak + 1 :], strict=True)]
+    assert len(falls) >= 15 and max(lrs) == pytest.approx(1e-3, rel=0.1)
+    assert max(falls) - min(falls) < 0.1 * max(falls)  # a straight line (a cosine's vary 0-2x)
+    assert lrs[-1] < 1.5 * max(falls)  # the last step ran at most one fall above zero
 
 
 def test_time_budget_refuses_validation_every_other_epoch(tmp_path) -> None:

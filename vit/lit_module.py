@@ -20,8 +20,11 @@ from vit.model import VisionTransformer, model_config
 Stage = Literal["train", "val", "test"]
 
 
+DECAYS = ("cosine", "linear")  # shapes of the learning-rate decay after warm-up
+
+
 class ViTClassifier(L.LightningModule):
-    """Cross-entropy with label smoothing, AdamW, linear warm-up then cosine decay per step.
+    """Cross-entropy with label smoothing, AdamW, linear warm-up then cosine (or linear) decay per step.
 
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), fused AdamW, test-time flip (`test_flip`), and a
@@ -59,6 +62,7 @@ class ViTClassifier(L.LightningModule):
         warmup_fraction: float | None = None,
         time_budget_min: float | None = None,
         min_lr: float = 0.0,
+        lr_decay: Literal["cosine", "linear"] = "cosine",
         label_smoothing: float = 0.1,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
@@ -77,6 +81,7 @@ class ViTClassifier(L.LightningModule):
             min_lr=min_lr,
             label_smoothing=label_smoothing,
             betas=betas,
+            lr_decay=lr_decay,
         )
         check_mix_args(mixup_alpha, cutmix_alpha, mix_prob)
         self.res_schedule = _check_res_schedule(res_schedule, patch_size=patch_size)
@@ -289,6 +294,7 @@ class ViTClassifier(L.LightningModule):
                 total_steps=fine,
                 warmup_steps=round(fine * (hp.warmup_fraction or 0.0)),
                 min_ratio=min_ratio,
+                decay=hp.lr_decay,
             )
             scheduler = torch.optim.lr_scheduler.LambdaLR(
                 optimizer, lambda _: schedule(round(fine * self._progress))
@@ -300,7 +306,12 @@ class ViTClassifier(L.LightningModule):
                 if hp.warmup_fraction is not None
                 else round(total * hp.warmup_epochs / epochs)
             )
-            schedule = WarmupCosine(total_steps=total, warmup_steps=warmup, min_ratio=min_ratio)
+            schedule = WarmupCosine(
+                total_steps=total,
+                warmup_steps=warmup,
+                min_ratio=min_ratio,
+                decay=hp.lr_decay,
+            )
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {
             "optimizer": optimizer,
@@ -323,16 +334,32 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any
 
 
 class WarmupCosine:
-    """LR multiplier: linear from ~0 to 1 over warmup_steps, then cosine down to min_ratio at total."""
+    """LR multiplier: linear from ~0 to 1 over warmup_steps, then down to min_ratio at total.
 
-    def __init__(self, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> None:
+    `decay="cosine"` (the default) follows half a cosine; `decay="linear"` falls in a straight
+    line, which keeps the rate higher in the first half and lower in the second ("Budgeted
+    Training", Li et al. 2020, found linear-to-zero robust for short budgets).
+    """
+
+    def __init__(
+        self,
+        *,
+        total_steps: int,
+        warmup_steps: int,
+        min_ratio: float = 0.0,
+        decay: Literal["cosine", "linear"] = "cosine",
+    ) -> None:
+        if decay not in DECAYS:
+            raise ValueError(f"lr_decay={decay!r} must be one of {DECAYS}.")
         self.total, self.warmup, self.min_ratio = total_steps, warmup_steps, min_ratio
+        self.decay = decay
 
     def __call__(self, step: int) -> float:
         if step < self.warmup:
             return (step + 1) / self.warmup
         progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
-        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        shape = 1 - progress if self.decay == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return self.min_ratio + (1 - self.min_ratio) * shape
 
 
 def _check_res_schedule(
@@ -374,7 +401,13 @@ def _check_training_config(
     min_lr: float,
     label_smoothing: float,
     betas: tuple[float, float],
+    lr_decay: str = "cosine",
 ) -> None:
+    if lr_decay not in DECAYS:
+        raise ValueError(
+            f"lr_decay={lr_decay!r} is not a schedule shape: use one of {DECAYS} "
+            "(cosine is the default; linear decays to min_lr in a straight line)."
+        )
     if not lr > 0:
         raise ValueError(f"lr={lr} must be positive (1e-3 is a good start for AdamW on a ViT).")
     if weight_decay < 0:
