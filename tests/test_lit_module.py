@@ -44,6 +44,14 @@ def test_linear_decay_falls_in_a_straight_line_to_the_floor() -> None:
     assert linear(110) == pytest.approx(0.1) and linear(500) == pytest.approx(0.1)
 
 
+def test_attn_init_reaches_the_model() -> None:
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, attn_init="mimetic")
+    attn = module.model.blocks[0].attn
+    hd, w = attn.head_dim, attn.qkv.weight.detach()
+    assert (w[:hd].T @ w[32 : 32 + hd]).diagonal().mean() > 0.2  # W_q^T W_k near +identity
+    assert module.hparams.attn_init == "mimetic"  # saved: checkpoints rebuild the same model
+
+
 def test_sizes_come_from_the_preset_unless_overridden() -> None:
     module = ViTClassifier(preset="vit_tiny", depth=2)
     assert module.model.embed_dim == 192 and len(module.model.blocks) == 2

@@ -58,6 +58,7 @@ def test_vit_tiny_matches_the_benchmark_size() -> None:
         (dict(mlp_ratio=0), "mlp_ratio=0"),
         (dict(global_pool="token", class_token=False), "needs class_token=True"),
         (dict(pos_embed="rotary"), "pos_embed='rotary'"),
+        (dict(attn_init="xavier"), "attn_init='xavier' must be one of"),
     ],
 )
 def test_bad_config_fails_at_construction(overrides: dict, message: str) -> None:
@@ -160,6 +161,22 @@ def test_state_dict_round_trip_is_exact(tiny_model: VisionTransformer) -> None:
     other.load_state_dict(tiny_model.state_dict())
     x = torch.randn(2, 3, 32, 32)
     assert torch.equal(other.eval()(x), tiny_model.eval()(x))
+
+
+def test_mimetic_attn_init_reaches_every_block_and_only_attention() -> None:
+    torch.manual_seed(0)
+    default = VisionTransformer(**TINY)
+    torch.manual_seed(0)
+    mimetic = VisionTransformer(**TINY, attn_init="mimetic")
+    for a, b in zip(default.blocks, mimetic.blocks, strict=True):
+        hd = b.attn.head_dim
+        qk = b.attn.qkv.weight[:hd].T @ b.attn.qkv.weight[32 : 32 + hd]
+        assert qk.diagonal().mean() > 0.2  # the default init's is ~0 (std 0.02 weights)
+        assert (a.attn.qkv.weight[:hd].T @ a.attn.qkv.weight[32 : 32 + hd]).diagonal().mean() < 0.01
+        assert torch.equal(a.mlp.fc1.weight, b.mlp.fc1.weight)  # the rest is timm's init
+    assert torch.equal(default.head.weight, mimetic.head.weight)
+    x = torch.randn(2, 3, 32, 32)
+    assert mimetic(x).shape == (2, 10) and torch.isfinite(mimetic(x)).all()
 
 
 def test_tiny_model_overfits_a_tiny_batch(tiny_model: VisionTransformer) -> None:

@@ -18,6 +18,8 @@ from torch import Tensor, nn
 
 Kernel = Literal["auto", "fused", "explicit"]
 KERNELS: tuple[str, ...] = ("auto", "fused", "explicit")
+MIMETIC_QK = (0.7, 0.7)  # (noise, identity) scales of W_q^T W_k per head: the paper's ViT values
+MIMETIC_VO = (0.4, 0.4)  # (noise, -identity) scales of W_v^T W_proj^T
 
 
 def causal_mask(n: int, *, device: torch.device | str | None = None) -> Tensor:
@@ -101,6 +103,53 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+
+    @torch.no_grad()
+    def mimetic_init_(
+        self,
+        qk: tuple[float, float] = MIMETIC_QK,
+        vo: tuple[float, float] = MIMETIC_VO,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """Mimetic initialisation (Trockman & Kolter, ICML 2023, https://arxiv.org/abs/2305.09828).
+
+        Trained ViTs show structure in their attention weights: per head, W_q^T W_k is close to
+        a positive multiple of the identity plus noise (a token's query matches its own key, so
+        early maps look at nearby, similar tokens), and the value-output product W_v^T W_proj^T is
+        close to a negative multiple of the identity. This init writes that structure in from the
+        start, which the paper found to help most when data or epochs are few:
+
+        - per head h: M = a Z + b I with Z ~ N(0, 1/dim) (qk = (a, b)); W_q^T W_k of the head is
+          M's best rank-head_dim approximation (from its SVD, U S V^T: W_q = S^1/2 U^T and
+          W_k = S^1/2 V^T on the top head_dim singular directions);
+        - all heads together: M = a Z - b I (vo = (a, b)), and W_v^T W_proj^T = M exactly.
+
+        A row vector x then scores x W_q^T W_k y^T against key token y and maps through
+        values and output as x W_v^T W_proj^T. Biases are zeroed; other weights stay as they are.
+        """
+        dim, hd = self.proj.in_features, self.head_dim
+        if self.qkv.in_features != dim:
+            raise ValueError("mimetic init needs a square attention (qkv input width = proj width)")
+
+        def noisy_identity(scale: float, sign: float) -> Tensor:
+            z = torch.randn(dim, dim, generator=generator) / math.sqrt(dim)
+            return scale * z + sign * torch.eye(dim)
+
+        w = self.qkv.weight  # rows: [q (h d) | k (h d) | v (h d)]
+        for h in range(self.num_heads):
+            u, s, vh = torch.linalg.svd(noisy_identity(qk[0], qk[1]))
+            root = s[:hd].sqrt()[:, None]
+            rows = slice(h * hd, (h + 1) * hd)
+            w[rows] = (root * u[:, :hd].T).to(w.dtype)  # W_q of head h: (head_dim, dim)
+            w[dim:][rows] = (root * vh[:hd]).to(w.dtype)  # W_k of head h
+        u, s, vh = torch.linalg.svd(noisy_identity(vo[0], -vo[1]))
+        root = s.sqrt()
+        w[2 * dim :] = (root[:, None] * u.T).to(w.dtype)  # W_v = S^1/2 U^T
+        self.proj.weight.copy_(vh.T * root[None, :])  # W_proj = V S^1/2
+        for layer in (self.qkv, self.proj):
+            if layer.bias is not None:
+                layer.bias.zero_()
 
     def _qkv(self, x: Tensor, num_queries: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, H, Q, D) for the first `num_queries` tokens (all if None); k, v (B, H, N, D)."""

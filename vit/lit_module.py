@@ -55,6 +55,7 @@ class ViTClassifier(L.LightningModule):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         kernel: Kernel = "auto",
+        attn_init: Literal["default", "mimetic"] = "default",
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -118,6 +119,7 @@ class ViTClassifier(L.LightningModule):
                 attn_drop_rate=attn_drop_rate,
                 drop_path_rate=drop_path_rate,
                 kernel=kernel,
+                attn_init=attn_init,
                 dynamic_img_size=res_schedule is not None,
             )
         )

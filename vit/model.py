@@ -15,6 +15,8 @@ from vit.attention import Kernel
 from vit.block import Block
 from vit.embed import PatchEmbed, resize_pos_embed, sinusoidal_table
 
+ATTN_INITS = ("default", "mimetic")  # how attention weights start (VisionTransformer.init_weights)
+
 # Presets sized for 32x32 images with 4x4 patches (64 patches + CLS = 65 tokens).
 PRESETS: dict[str, dict[str, Any]] = {
     "vit_nano": dict(embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0),  # ~0.8 M params
@@ -48,6 +50,7 @@ class VisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         kernel: Kernel = "auto",
         dynamic_img_size: bool = False,
+        attn_init: Literal["default", "mimetic"] = "default",
     ) -> None:
         super().__init__()
         _check_config(locals())
@@ -86,10 +89,14 @@ class VisionTransformer(nn.Module):
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes)
-        self.init_weights()
+        self.init_weights(attn_init)
 
-    def init_weights(self) -> None:
-        """timm's ViT init: truncated normal (std 0.02) for positions and linear weights."""
+    def init_weights(self, attn_init: str = "default") -> None:
+        """timm's ViT init: truncated normal (std 0.02) for positions and linear weights.
+
+        attn_init="mimetic" then gives each block's attention the structure trained ViTs show
+        (Attention.mimetic_init_: W_q^T W_k near +identity per head, W_v^T W_proj^T near -identity).
+        """
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
@@ -105,6 +112,9 @@ class VisionTransformer(nn.Module):
         w = self.patch_embed.proj.weight  # a linear map of a flattened patch: LeCun-style init
         nn.init.trunc_normal_(w, std=(1.0 / w[0].numel()) ** 0.5)
         nn.init.zeros_(self.patch_embed.proj.bias)
+        if attn_init == "mimetic":
+            for block in self.blocks:
+                block.attn.mimetic_init_()
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names (besides biases and norms) that AdamW should not decay."""
@@ -195,6 +205,11 @@ def _check_config(cfg: dict[str, Any]) -> None:
         raise ValueError(f"global_pool={cfg['global_pool']!r} must be 'token' or 'avg'.")
     if cfg["global_pool"] == "token" and not cfg["class_token"]:
         raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'.")
+    if cfg["attn_init"] not in ATTN_INITS:
+        raise ValueError(
+            f"attn_init={cfg['attn_init']!r} must be one of {ATTN_INITS} ('mimetic' starts each "
+            "attention near the structure trained ViTs show; 'default' is timm's init)."
+        )
     if cfg["pos_embed"] not in ("learned", "sincos"):
         raise ValueError(f"pos_embed={cfg['pos_embed']!r} must be 'learned' or 'sincos'.")
     if cfg["embed_dim"] % cfg["num_heads"] != 0:
