@@ -24,7 +24,7 @@ DECAYS = ("cosine", "linear")  # shapes of the learning-rate decay after warm-up
 
 
 class ViTClassifier(L.LightningModule):
-    """Cross-entropy with label smoothing, AdamW, linear warm-up then cosine (or linear) decay per step.
+    """Cross-entropy with label smoothing, AdamW, linear warm-up then cosine (or linear) decay.
 
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), fused AdamW, test-time flip (`test_flip`), and a
@@ -339,7 +339,7 @@ class WarmupCosine:
     """LR multiplier: linear from ~0 to 1 over warmup_steps, then down to min_ratio at total.
 
     `decay="cosine"` (the default) follows half a cosine; `decay="linear"` falls in a straight
-    line, which keeps the rate higher in the first half and lower in the second ("Budgeted
+    line: lower than the cosine in the first half of the decay, higher in the second ("Budgeted
     Training", Li et al. 2020, found linear-to-zero robust for short budgets).
     """
 
