@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from vit.attention import Attention
 from vit.model import VisionTransformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +32,17 @@ def random_loader(n: int = 64, *, seed: int = 0) -> DataLoader:
     g = torch.Generator().manual_seed(seed)
     images, labels = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
     return DataLoader(TensorDataset(images, labels), batch_size=16)
+
+
+@torch.no_grad()
+def head_products(attn: Attention) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per head W_q^T W_k (dim, dim), and W_v^T W_proj^T over all heads (dim, dim)."""
+    dim, hd, w = attn.proj.in_features, attn.head_dim, attn.qkv.weight
+    qk = [
+        w[h * hd : (h + 1) * hd].T @ w[dim + h * hd : dim + (h + 1) * hd]
+        for h in range(attn.num_heads)
+    ]
+    return qk, w[2 * dim :].T @ attn.proj.weight.T
 
 
 def quiet_trainer(root: Path | None, **kwargs) -> L.Trainer:

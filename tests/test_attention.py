@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
+from tests.conftest import head_products
 from vit.attention import (
     Attention,
     causal_mask,
@@ -151,23 +152,12 @@ def test_num_queries_gives_the_first_rows_of_the_full_output(kernel: str, masked
         assert torch.allclose(rows, full[:, :q], atol=1e-6)
 
 
-@torch.no_grad()
-def _head_products(attn: Attention) -> tuple[list[Tensor], Tensor]:
-    """Per head W_q^T W_k (dim, dim), and W_v^T W_proj^T over all heads (dim, dim)."""
-    dim, hd, w = attn.proj.in_features, attn.head_dim, attn.qkv.weight
-    qk = [
-        w[h * hd : (h + 1) * hd].T @ w[dim + h * hd : dim + (h + 1) * hd]
-        for h in range(attn.num_heads)
-    ]
-    return qk, w[2 * dim :].T @ attn.proj.weight.T
-
-
 def test_mimetic_init_writes_identity_structure_into_attention() -> None:
     torch.manual_seed(0)
     attn = Attention(96, num_heads=3)
     nn.init.trunc_normal_(attn.qkv.bias, std=0.5)  # biases are zeroed by the init
     attn.mimetic_init_(qk=(0.7, 0.7), vo=(0.4, 0.4))
-    qk, vo = _head_products(attn)
+    qk, vo = head_products(attn)
     off = ~torch.eye(96, dtype=torch.bool)
     for product in qk:  # rank head_dim approximation of 0.7 Z + 0.7 I: diagonal clearly positive
         assert torch.linalg.matrix_rank(product) == 32
@@ -192,6 +182,6 @@ def test_mimetic_init_follows_the_generator_and_its_scales() -> None:
     b.mimetic_init_(generator=torch.Generator().manual_seed(3))
     assert torch.equal(a.qkv.weight, b.qkv.weight) and torch.equal(a.proj.weight, b.proj.weight)
     b.mimetic_init_(qk=(0.0, 1.0), vo=(0.0, 1.0), generator=torch.Generator().manual_seed(3))
-    qk, vo = _head_products(b)  # no noise: a projection on head_dim directions, and -I
+    qk, vo = head_products(b)  # no noise: a projection on head_dim directions, and -I
     assert torch.allclose(vo, -torch.eye(64), atol=1e-5)
     assert torch.allclose(qk[0] @ qk[0], qk[0], atol=1e-5)  # idempotent: a projection

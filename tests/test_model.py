@@ -9,7 +9,7 @@ import pytest
 import torch
 from einops import rearrange
 
-from tests.conftest import TINY
+from tests.conftest import TINY, head_products
 from vit.embed import PatchEmbed, resize_pos_embed, sinusoidal_table
 from vit.model import PRESETS, VisionTransformer, create_model
 
@@ -169,10 +169,9 @@ def test_mimetic_attn_init_reaches_every_block_and_only_attention() -> None:
     torch.manual_seed(0)
     mimetic = VisionTransformer(**TINY, attn_init="mimetic")
     for a, b in zip(default.blocks, mimetic.blocks, strict=True):
-        hd = b.attn.head_dim
-        qk = b.attn.qkv.weight[:hd].T @ b.attn.qkv.weight[32 : 32 + hd]
+        qk = head_products(b.attn)[0][0]
         assert qk.diagonal().mean() > 0.2  # the default init's is ~0 (std 0.02 weights)
-        assert (a.attn.qkv.weight[:hd].T @ a.attn.qkv.weight[32 : 32 + hd]).diagonal().mean() < 0.01
+        assert head_products(a.attn)[0][0].diagonal().mean() < 0.01
         assert torch.equal(a.mlp.fc1.weight, b.mlp.fc1.weight)  # the rest is timm's init
     assert torch.equal(default.head.weight, mimetic.head.weight)
     x = torch.randn(2, 3, 32, 32)

@@ -129,8 +129,6 @@ class Attention(nn.Module):
         values and output as x W_v^T W_proj^T. Biases are zeroed; other weights stay as they are.
         """
         dim, hd = self.proj.in_features, self.head_dim
-        if self.qkv.in_features != dim:
-            raise ValueError("mimetic init needs a square attention (qkv input width = proj width)")
 
         def noisy_identity(scale: float, sign: float) -> Tensor:
             z = torch.randn(dim, dim, generator=generator) / math.sqrt(dim)

@@ -23,6 +23,15 @@ Stage = Literal["train", "val", "test"]
 DECAYS = ("cosine", "linear")  # shapes of the learning-rate decay after warm-up
 
 
+def check_lr_decay(decay: str) -> None:
+    """The one check of a decay shape, for ViTClassifier (at construction) and WarmupCosine."""
+    if decay not in DECAYS:
+        raise ValueError(
+            f"lr_decay={decay!r} is not a schedule shape: use one of {DECAYS} "
+            "(cosine is the default; linear decays to min_lr in a straight line)."
+        )
+
+
 class ViTClassifier(L.LightningModule):
     """Cross-entropy with label smoothing, AdamW, linear warm-up then cosine (or linear) decay.
 
@@ -351,8 +360,7 @@ class WarmupCosine:
         min_ratio: float = 0.0,
         decay: Literal["cosine", "linear"] = "cosine",
     ) -> None:
-        if decay not in DECAYS:
-            raise ValueError(f"lr_decay={decay!r} must be one of {DECAYS}.")
+        check_lr_decay(decay)
         self.total, self.warmup, self.min_ratio = total_steps, warmup_steps, min_ratio
         self.decay = decay
 
@@ -405,11 +413,7 @@ def _check_training_config(
     betas: tuple[float, float],
     lr_decay: str = "cosine",
 ) -> None:
-    if lr_decay not in DECAYS:
-        raise ValueError(
-            f"lr_decay={lr_decay!r} is not a schedule shape: use one of {DECAYS} "
-            "(cosine is the default; linear decays to min_lr in a straight line)."
-        )
+    check_lr_decay(lr_decay)
     if not lr > 0:
         raise ValueError(f"lr={lr} must be positive (1e-3 is a good start for AdamW on a ViT).")
     if weight_decay < 0:
