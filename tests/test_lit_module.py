@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import TINY_ARGS, head_products, quiet_trainer, random_loader
+from vit.embed import sincos_2d_table
 from vit.lit_module import ViTClassifier, WarmupCosine, param_groups
 
 
@@ -49,6 +50,15 @@ def test_attn_init_reaches_the_model() -> None:
     qk = head_products(module.model.blocks[0].attn)[0][0]
     assert qk.diagonal().mean() > 0.2  # W_q^T W_k near +identity
     assert module.hparams.attn_init == "mimetic"  # saved: checkpoints rebuild the same model
+
+
+def test_pos_init_reaches_the_model() -> None:
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, pos_init="sincos2d")
+    grid = module.model.patch_embed.grid_size
+    assert torch.allclose(
+        module.model.pos_embed[0, 1:], sincos_2d_table(grid, module.model.embed_dim)
+    )
+    assert module.hparams.pos_init == "sincos2d"
 
 
 def test_sizes_come_from_the_preset_unless_overridden() -> None:

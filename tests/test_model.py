@@ -10,7 +10,7 @@ import torch
 from einops import rearrange
 
 from tests.conftest import TINY, head_products
-from vit.embed import PatchEmbed, resize_pos_embed, sinusoidal_table
+from vit.embed import PatchEmbed, resize_pos_embed, sincos_2d_table, sinusoidal_table
 from vit.model import PRESETS, VisionTransformer, create_model
 
 
@@ -59,6 +59,9 @@ def test_vit_tiny_matches_the_benchmark_size() -> None:
         (dict(global_pool="token", class_token=False), "needs class_token=True"),
         (dict(pos_embed="rotary"), "pos_embed='rotary'"),
         (dict(attn_init="xavier"), "attn_init='xavier' must be one of"),
+        (dict(pos_init="zeros"), "pos_init='zeros' must be one of"),
+        (dict(pos_init="sincos2d", pos_embed="sincos"), "use pos_embed='learned' with it"),
+        (dict(pos_init="sincos2d", embed_dim=30, num_heads=3), "divisible by 4, got embed_dim=30"),
     ],
 )
 def test_bad_config_fails_at_construction(overrides: dict, message: str) -> None:
@@ -140,6 +143,43 @@ def test_sincos_model_has_fixed_positions() -> None:
     model = VisionTransformer(**TINY, pos_embed="sincos")
     assert "pos_embed" not in dict(model.named_parameters())
     assert torch.allclose(model.pos_embed[0], sinusoidal_table(17, 32))
+
+
+def test_sincos_2d_table_values() -> None:
+    table = sincos_2d_table(3, 8)  # 3x3 grid, a quarter of 8 = 2 frequencies: 1 and 1/100
+    assert table.shape == (9, 8)
+    row, col = 2, 1  # patch 7 of a 3x3 grid, row by row
+    x = torch.tensor([col * 1.0, col / 100.0])
+    y = torch.tensor([row * 1.0, row / 100.0])
+    expected = torch.cat([x.sin(), x.cos(), y.sin(), y.cos()])
+    assert torch.allclose(table[row * 3 + col], expected)
+    assert torch.allclose(table[0], torch.tensor([0.0, 0, 1, 1, 0, 0, 1, 1]))
+    # neighbours across rows are as close as neighbours along a row: a 2-D table, not 1-D
+    along, across = (table[4] - table[3]).norm(), (table[4] - table[1]).norm()
+    assert torch.allclose(along, across)
+    assert (table[4] - table[0]).norm() > along  # farther apart, less alike
+    with pytest.raises(ValueError, match="divisible by 4"):
+        sincos_2d_table(4, 6)
+
+
+def test_sincos2d_pos_init_starts_a_learned_table_at_the_2d_table() -> None:
+    model = VisionTransformer(**TINY, pos_init="sincos2d")
+    assert isinstance(model.pos_embed, torch.nn.Parameter) and model.pos_embed.requires_grad
+    assert torch.equal(model.pos_embed[0, 0], torch.zeros(32))  # the CLS entry
+    assert torch.allclose(model.pos_embed[0, 1:], sincos_2d_table(4, 32))
+    torch.manual_seed(0)
+    default = VisionTransformer(**TINY)
+    torch.manual_seed(0)
+    other = VisionTransformer(**TINY, pos_init="sincos2d")
+    assert torch.equal(default.blocks[0].attn.qkv.weight, other.blocks[0].attn.qkv.weight)
+    assert default.pos_embed.std() < 0.03  # timm's: std 0.02 noise
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert model.pos_embed.grad is not None and model.pos_embed.grad.abs().sum() > 0
+
+
+def test_init_weights_rejects_an_unknown_init(tiny_model: VisionTransformer) -> None:
+    with pytest.raises(ValueError, match="pos_init='sincos'"):
+        tiny_model.init_weights(pos_init="sincos")
 
 
 def test_mean_pooling_without_class_token() -> None:

@@ -87,6 +87,32 @@ def sinusoidal_table(num_positions: int, dim: int, *, base: float = 10000.0) -> 
     return table.float()
 
 
+def sincos_2d_table(grid: int, dim: int, *, base: float = 10000.0) -> Tensor:
+    """A 2-D sine-cosine table for a grid x grid patch grid, row by row: (grid*grid, dim).
+
+    A quarter of the width each for sin(x w), cos(x w), sin(y w), cos(y w), with x the column, y
+    the row and w = base^(-k / (dim/4)) for k = 0 .. dim/4 - 1 (MoCo v3, arXiv:2104.02057; "Better
+    plain ViT baselines", arXiv:2205.01580). Neighbouring patches get similar vectors in both
+    directions, so the table stays smooth when resize_pos_embed interpolates it to another grid.
+    """
+    if dim % 4 != 0:
+        raise ValueError(
+            f"2-D sine-cosine positions need a width divisible by 4, got embed_dim={dim}; "
+            f"pick a multiple of 4 (e.g. 192) or keep pos_init='trunc_normal'."
+        )
+    quarter = dim // 4
+    freq = base ** (-torch.arange(quarter, dtype=torch.float64) / quarter)  # (dim/4,)
+    y, x = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float64),
+        torch.arange(grid, dtype=torch.float64),
+        indexing="ij",
+    )
+    x_freq = x.reshape(-1, 1) * freq  # (g*g, dim/4)
+    y_freq = y.reshape(-1, 1) * freq
+    table = torch.cat([x_freq.sin(), x_freq.cos(), y_freq.sin(), y_freq.cos()], dim=1)
+    return table.float()
+
+
 def resize_pos_embed(pos_embed: Tensor, *, new_grid: int, num_prefix_tokens: int = 1) -> Tensor:
     """Resize learned positions (1, prefix + g*g, D) to a new g' x g' patch grid, keeping prefix tokens."""
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]

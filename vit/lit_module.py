@@ -65,6 +65,7 @@ class ViTClassifier(L.LightningModule):
         drop_path_rate: float = 0.0,
         kernel: Kernel = "auto",
         attn_init: Literal["default", "mimetic"] = "default",
+        pos_init: Literal["trunc_normal", "sincos2d"] = "trunc_normal",
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -129,6 +130,7 @@ class ViTClassifier(L.LightningModule):
                 drop_path_rate=drop_path_rate,
                 kernel=kernel,
                 attn_init=attn_init,
+                pos_init=pos_init,
                 dynamic_img_size=res_schedule is not None,
             )
         )

@@ -13,9 +13,10 @@ from torch import Tensor, nn
 
 from vit.attention import Kernel
 from vit.block import Block
-from vit.embed import PatchEmbed, resize_pos_embed, sinusoidal_table
+from vit.embed import PatchEmbed, resize_pos_embed, sincos_2d_table, sinusoidal_table
 
 ATTN_INITS = ("default", "mimetic")  # how attention weights start (VisionTransformer.init_weights)
+POS_INITS = ("trunc_normal", "sincos2d")  # how a learned position table starts (init_weights)
 
 # Presets sized for 32x32 images with 4x4 patches (64 patches + CLS = 65 tokens).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -51,6 +52,7 @@ class VisionTransformer(nn.Module):
         kernel: Kernel = "auto",
         dynamic_img_size: bool = False,
         attn_init: Literal["default", "mimetic"] = "default",
+        pos_init: Literal["trunc_normal", "sincos2d"] = "trunc_normal",
     ) -> None:
         super().__init__()
         _check_config(locals())
@@ -89,16 +91,28 @@ class VisionTransformer(nn.Module):
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes)
-        self.init_weights(attn_init)
+        self.init_weights(attn_init, pos_init)
 
-    def init_weights(self, attn_init: str = "default") -> None:
+    def init_weights(self, attn_init: str = "default", pos_init: str = "trunc_normal") -> None:
         """timm's ViT init: truncated normal (std 0.02) for positions and linear weights.
 
         attn_init="mimetic" then gives each block's attention the structure trained ViTs show
         (Attention.mimetic_init_: W_q^T W_k near +identity per head, W_v^T W_proj^T near -identity).
+        pos_init="sincos2d" starts the learned position table at the 2-D sine-cosine table of the
+        patch grid (the CLS entry at zero) instead of noise; it stays a trained parameter.
         """
+        if attn_init not in ATTN_INITS or pos_init not in POS_INITS:
+            raise ValueError(
+                f"attn_init={attn_init!r}, pos_init={pos_init!r}: expected one of {ATTN_INITS} "
+                f"and one of {POS_INITS}."
+            )
         if isinstance(self.pos_embed, nn.Parameter):
-            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)  # drawn either way: same RNG stream
+            if pos_init == "sincos2d":  # so every other weight starts as with the default
+                with torch.no_grad():
+                    self.pos_embed.zero_()
+                    table = sincos_2d_table(self.patch_embed.grid_size, self.embed_dim)
+                    self.pos_embed[0, self.num_prefix_tokens :] = table
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         for m in self.modules():
@@ -212,6 +226,16 @@ def _check_config(cfg: dict[str, Any]) -> None:
         )
     if cfg["pos_embed"] not in ("learned", "sincos"):
         raise ValueError(f"pos_embed={cfg['pos_embed']!r} must be 'learned' or 'sincos'.")
+    if cfg["pos_init"] not in POS_INITS:
+        raise ValueError(
+            f"pos_init={cfg['pos_init']!r} must be one of {POS_INITS} ('sincos2d' starts the "
+            "learned position table at the 2-D sine-cosine table; 'trunc_normal' is timm's init)."
+        )
+    if cfg["pos_init"] != "trunc_normal" and cfg["pos_embed"] != "learned":
+        raise ValueError(
+            f"pos_init={cfg['pos_init']!r} sets the start of a learned table, but "
+            f"pos_embed={cfg['pos_embed']!r} is a fixed one: use pos_embed='learned' with it."
+        )
     if cfg["embed_dim"] % cfg["num_heads"] != 0:
         raise ValueError(
             f"embed_dim={cfg['embed_dim']} is not divisible by num_heads={cfg['num_heads']}; "
