@@ -152,6 +152,53 @@ def test_num_queries_gives_the_first_rows_of_the_full_output(kernel: str, masked
         assert torch.allclose(rows, full[:, :q], atol=1e-6)
 
 
+def test_lsa_masks_the_diagonal_and_scales_scores_by_a_trained_temperature() -> None:
+    torch.manual_seed(0)
+    attn = Attention(16, num_heads=2, kernel="explicit", lsa=True).eval()
+    with torch.no_grad():
+        attn.temperature.copy_(torch.tensor([0.5, 3.0]))
+    x = torch.randn(2, 5, 16)
+    out, weights = attn.forward_with_weights(x)
+    assert torch.equal(weights.diagonal(dim1=-2, dim2=-1), torch.zeros(2, 2, 5))  # no self
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 2, 5))
+    # by hand: softmax(tau_h q k^T / sqrt(d_k)) with -inf on the diagonal, per head
+    q, k, v = attn._qkv(x)
+    scores = q @ k.transpose(-2, -1) / 8**0.5 * torch.tensor([0.5, 3.0])[:, None, None]
+    by_hand = scores.masked_fill(torch.eye(5, dtype=torch.bool), float("-inf")).softmax(-1)
+    assert torch.allclose(weights, by_hand, atol=1e-6)
+    assert torch.allclose(attn(x), out, atol=1e-6)
+    attn.train()
+    attn(x).sum().backward()
+    assert attn.temperature.grad is not None and attn.temperature.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kernel", ["explicit", "fused"])
+@pytest.mark.parametrize("mask", [None, "bool", "additive"])
+def test_lsa_combines_with_a_given_mask_on_both_kernels(kernel: str, mask: str | None) -> None:
+    torch.manual_seed(0)
+    attn = Attention(16, num_heads=4, kernel=kernel, lsa=True).eval()
+    x = torch.randn(2, 7, 16)
+    padding = torch.ones(7, 7, dtype=torch.bool)
+    padding[:, 5:] = False  # keys 5 and 6 blocked for every query, as padding would be
+    blocked = torch.zeros(7, 7).masked_fill(~padding, float("-inf"))
+    given = {None: None, "bool": padding, "additive": blocked}[mask]
+    full = attn(x, mask=given)
+    out, weights = attn.forward_with_weights(x, mask=given)
+    assert torch.allclose(full, out, atol=1e-5)
+    assert (weights.diagonal(dim1=-2, dim2=-1) == 0).all()
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 4, 7), atol=1e-5)
+    if mask is not None:
+        assert (weights[..., 5:] == 0).all()  # the given mask still holds
+    rows = attn(x, mask=given, num_queries=3)
+    assert torch.allclose(rows, full[:, :3], atol=1e-6)
+
+
+def test_lsa_refuses_a_mask_that_leaves_a_token_nothing() -> None:
+    attn = Attention(8, num_heads=2, lsa=True)
+    with pytest.raises(ValueError, match="causal mask"):  # token 0 may see only itself
+        attn(torch.randn(1, 4, 8), mask=causal_mask(4))
+
+
 def test_mimetic_init_writes_identity_structure_into_attention() -> None:
     torch.manual_seed(0)
     attn = Attention(96, num_heads=3)

@@ -288,6 +288,31 @@ def test_from_timm_refuses_what_it_cannot_represent(extra, expected) -> None:
     assert expected in str(err.value)
 
 
+def test_lsa_model_rebuilds_from_its_checkpoint_and_refuses_timm(tmp_path) -> None:
+    from vit.timm_interop import to_timm
+
+    ours = _model(lsa=True)
+    with torch.no_grad():
+        ours.blocks[0].attn.temperature.copy_(torch.tensor([2.0, 0.5]))
+    path = tmp_path / "lsa.ckpt"
+    hp = {"preset": "vit_nano", **TINY3, "lsa": True}
+    torch.save(
+        {
+            "state_dict": {"model." + k: v for k, v in ours.state_dict().items()},
+            "hyper_parameters": hp,
+        },
+        path,
+    )
+    back, _ = load_model(path)
+    assert back.blocks[0].attn.lsa and torch.equal(
+        back.blocks[0].attn.temperature, ours.blocks[0].attn.temperature
+    )
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(back(x), ours(x))
+    with pytest.raises(ValueError, match="locality self-attention"):
+        to_timm(ours)
+
+
 def test_missing_timm_says_how_to_install(monkeypatch) -> None:
     from vit.timm_interop import to_timm
 

@@ -61,6 +61,14 @@ def test_pos_init_reaches_the_model() -> None:
     assert module.hparams.pos_init == "sincos2d"
 
 
+def test_lsa_reaches_the_model_and_its_temperatures_are_not_decayed() -> None:
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, lsa=True)
+    assert all(block.attn.lsa for block in module.model.blocks)
+    temps = {id(block.attn.temperature) for block in module.model.blocks}
+    groups = param_groups(module.model, weight_decay=0.05)
+    assert temps <= {id(p) for p in groups[1]["params"]} and groups[1]["weight_decay"] == 0.0
+
+
 def test_sizes_come_from_the_preset_unless_overridden() -> None:
     module = ViTClassifier(preset="vit_tiny", depth=2)
     assert module.model.embed_dim == 192 and len(module.model.blocks) == 2

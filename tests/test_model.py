@@ -94,10 +94,13 @@ def test_forward_with_attention_equals_forward(kernel: str) -> None:
         assert torch.allclose(w.sum(-1), torch.ones(4, TINY["num_heads"], 17), atol=1e-5)
 
 
+@pytest.mark.parametrize("lsa", [False, True])
 @pytest.mark.parametrize("kernel", ["explicit", "fused"])
-def test_cls_only_last_block_gives_the_full_forward_logits_and_gradients(kernel: str) -> None:
+def test_cls_only_last_block_gives_the_full_forward_logits_and_gradients(
+    kernel: str, lsa: bool
+) -> None:
     torch.manual_seed(0)
-    model = VisionTransformer(**{**TINY, "depth": 3}, kernel=kernel)
+    model = VisionTransformer(**{**TINY, "depth": 3}, kernel=kernel, lsa=lsa)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
     grads = []
     for forward in (model, lambda x: model.forward_head(model.forward_features(x))):
@@ -109,6 +112,16 @@ def test_cls_only_last_block_gives_the_full_forward_logits_and_gradients(kernel:
     assert torch.allclose(fast, full, atol=1e-5)
     for a, b in zip(fast_grads, full_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_lsa_model_has_a_temperature_per_head_and_block_and_no_self_attention() -> None:
+    model = VisionTransformer(**TINY, lsa=True)
+    temps = [n for n, _ in model.named_parameters() if n.endswith("attn.temperature")]
+    assert len(temps) == TINY["depth"] and model.blocks[0].attn.temperature.shape == (2,)
+    _, maps = model.forward_with_attention(torch.randn(2, 3, 32, 32))
+    for w in maps:
+        assert (w.diagonal(dim1=-2, dim2=-1) == 0).all()
+    assert not hasattr(VisionTransformer(**TINY).blocks[0].attn, "temperature")
 
 
 def test_every_parameter_gets_a_gradient(tiny_model: VisionTransformer) -> None:

@@ -87,6 +87,7 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         kernel: Kernel = "auto",
+        lsa: bool = False,
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
@@ -103,6 +104,37 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.lsa = lsa
+        if lsa:  # a trained multiplier of each head's 1/sqrt(d_k), starting at 1
+            self.temperature = nn.Parameter(torch.ones(num_heads))
+
+    def _locality(self, q: Tensor, k: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Locality self-attention (Lee, Lee & Song 2021, https://arxiv.org/abs/2112.13492).
+
+        Two changes for small datasets, where attention tends to stay flat: each head's scores
+        are multiplied by a trained temperature (scaling q by it scales q k^T the same), and a
+        diagonal mask stops every token from attending to itself, so the weights go to the
+        others. The diagonal mask is combined with `mask` (boolean: both must allow; additive:
+        -inf added on the diagonal). Returns the scaled q and the mask for the queried rows.
+        """
+        nq, nk = q.shape[-2], k.shape[-2]
+        others = ~torch.eye(nk, dtype=torch.bool, device=q.device)[:nq]  # (Q, N), True = attend
+        q = q * self.temperature.to(q.dtype)[:, None, None]  # (H,) over (B, H, Q, D)
+        if mask is None:
+            return q, others
+        if mask.dtype == torch.bool:
+            mask = mask & others
+            empty = ~mask.any(dim=-1)
+        else:
+            mask = mask.masked_fill(~others, float("-inf"))
+            empty = ~mask.isfinite().any(dim=-1)
+        if empty.any():  # only with a given mask: the plain ViT path never pays for this check
+            raise ValueError(
+                "with lsa=True each token's own key is masked, and the given mask leaves some "
+                "tokens no other key (a causal mask does that to the first token): the softmax "
+                "would be 0/0. Use lsa=False with causal masks, or allow every query another key."
+            )
+        return q, mask
 
     @torch.no_grad()
     def mimetic_init_(
@@ -177,6 +209,8 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, num_queries)  # (B, H, Q, D), (B, H, N, D), (B, H, N, D)
         if mask is not None and num_queries is not None:
             mask = mask[..., :num_queries, :]  # the queried rows
+        if self.lsa:
+            q, mask = self._locality(q, k, mask)
         dropout_p = self.attn_drop if self.training else 0.0
         kernel = default_kernel(q.device, q.dtype) if self.kernel == "auto" else self.kernel
         if kernel == "fused":
@@ -192,6 +226,8 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Like forward, always on the explicit path; also returns weights (B, H, N, N)."""
         q, k, v = self._qkv(x)
+        if self.lsa:
+            q, mask = self._locality(q, k, mask)
         ctx, weights = scaled_dot_product_attention(
             q, k, v, mask=mask, dropout_p=self.attn_drop, training=self.training
         )

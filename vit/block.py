@@ -54,6 +54,7 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         kernel: Kernel = "auto",
+        lsa: bool = False,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
@@ -64,6 +65,7 @@ class Block(nn.Module):
             attn_drop=attn_drop,
             proj_drop=drop,
             kernel=kernel,
+            lsa=lsa,
         )
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)

@@ -200,6 +200,7 @@ def config_of(model: VisionTransformer) -> dict[str, Any]:
         class_token=model.cls_token is not None,
         global_pool=model.global_pool,
         pos_embed="learned" if isinstance(model.pos_embed, nn.Parameter) else "sincos",
+        lsa=block.attn.lsa,
     )
 
 

@@ -66,6 +66,7 @@ class ViTClassifier(L.LightningModule):
         kernel: Kernel = "auto",
         attn_init: Literal["default", "mimetic"] = "default",
         pos_init: Literal["trunc_normal", "sincos2d"] = "trunc_normal",
+        lsa: bool = False,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -131,6 +132,7 @@ class ViTClassifier(L.LightningModule):
                 kernel=kernel,
                 attn_init=attn_init,
                 pos_init=pos_init,
+                lsa=lsa,
                 dynamic_img_size=res_schedule is not None,
             )
         )

@@ -53,6 +53,7 @@ class VisionTransformer(nn.Module):
         dynamic_img_size: bool = False,
         attn_init: Literal["default", "mimetic"] = "default",
         pos_init: Literal["trunc_normal", "sincos2d"] = "trunc_normal",
+        lsa: bool = False,
     ) -> None:
         super().__init__()
         _check_config(locals())
@@ -85,6 +86,7 @@ class VisionTransformer(nn.Module):
                 attn_drop=attn_drop_rate,
                 drop_path=rate,
                 kernel=kernel,
+                lsa=lsa,
             )
             for rate in rates
         )

@@ -28,8 +28,14 @@ def to_timm(model: VisionTransformer, **timm_kwargs: Any) -> nn.Module:
     must not change parameter shapes. A sin-cos model becomes a timm model with a learned
     `pos_embed` initialised to the same table (timm's ViT has only learned positions).
     """
-    tvit = _timm()
     cfg = config_of(model)  # same argument names as timm's, except pos_embed ("learn" there)
+    if cfg.pop("lsa"):
+        raise ValueError(
+            "this model uses locality self-attention (lsa=True: a diagonal mask and trained "
+            "temperatures), which timm's VisionTransformer has no option for; only models built "
+            "with lsa=False convert."
+        )
+    tvit = _timm()
     kwargs = dict(
         {k: v for k, v in cfg.items() if k != "pos_embed"},
         pre_norm=False,  # no LayerNorm before the blocks
