@@ -20,6 +20,11 @@ experiments/benchmarks/allocator.{json,md}.
 times the 60-minute recipe's model (width 192, depth 6, MLP ratio 2, bf16-mixed, fused AdamW)
 on 16x16, 24x24 and 32x32 images, and writes experiments/benchmarks/resolution.{json,md}.
 
+    python scripts/ablate_speed.py --lsa           # the same stages, plain attention vs LSA
+
+times those stages with and without locality self-attention (model.lsa: a diagonal mask and a
+trained temperature per head) and writes experiments/benchmarks/lsa.{json,md}: what it costs.
+
     python scripts/ablate_speed.py --batch-sizes 64 # the curriculum's stages: batch 64 vs 128
 
 times the same model's stages at the batch sizes given against batch 128, interleaved, and
@@ -127,12 +132,15 @@ def resolution_step(
     precision: str = "bf16-mixed",
     kernel: str = "explicit",
     mlp_ratio: float = 2.0,
+    lsa: bool = False,
 ):
     """One training step of the cpu60 model on side x side images (bf16 autocast or float32)."""
     from vit.model import create_model
 
     torch.manual_seed(0)
-    model = create_model("vit_tiny", mlp_ratio=mlp_ratio, dynamic_img_size=True, kernel=kernel)
+    model = create_model(
+        "vit_tiny", mlp_ratio=mlp_ratio, dynamic_img_size=True, kernel=kernel, lsa=lsa
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
     x, y = torch.randn(batch, 3, side, side), torch.randint(0, 10, (batch,))
     autocast = precision == "bf16-mixed"
@@ -222,21 +230,55 @@ def save_rows(
     print("\n".join(lines))
 
 
-def resolution_main(args: argparse.Namespace) -> None:
+def stages_ab(
+    args: argparse.Namespace,
+    *,
+    option: str,
+    names: tuple[str, str],
+    flag: str,
+    stem: str,
+    about: str,
+    **fixed: object,
+) -> None:
+    """The curriculum's stages (16, 24, 32) with resolution_step's `option` off and on."""
     steps = {
-        f"{side}x{side} {'fused' if fused else 'foreach'}-adamw": resolution_step(
-            side=side, batch=args.batch, fused_adam=fused
+        f"{side}x{side} {names[on]}": resolution_step(
+            side=side, batch=args.batch, **{option: on}, **fixed
         )
         for side in (16, 24, 32)
-        for fused in (False, True)
+        for on in (False, True)
     }
     time_and_write(
         steps,
         args=args,
-        base="32x32 foreach-adamw",
+        base=f"32x32 {names[0]}",
+        stem=stem,
+        command=f"python scripts/ablate_speed.py {flag} --batch {args.batch} --rounds {args.rounds}",
+        about=f"batch {args.batch}, {about}",
+    )
+
+
+def resolution_main(args: argparse.Namespace) -> None:
+    stages_ab(
+        args,
+        option="fused_adam",
+        names=("foreach-adamw", "fused-adamw"),
+        flag="--resolutions",
         stem="resolution",
-        command=f"python scripts/ablate_speed.py --resolutions --batch {args.batch}",
-        about=f"batch {args.batch}, width 192, depth 6, 3 heads, MLP 384, patch 4, bf16-mixed",
+        about="width 192, depth 6, 3 heads, MLP 384, patch 4, bf16-mixed",
+    )
+
+
+def lsa_main(args: argparse.Namespace) -> None:
+    stages_ab(
+        args,
+        option="lsa",
+        names=("plain", "lsa"),
+        flag="--lsa",
+        stem="lsa",
+        about="the cpu60 model (width 192, depth 6, 3 heads, MLP 384, patch 4), bf16-mixed, "
+        "fused AdamW; plain attention vs locality self-attention (model.lsa)",
+        fused_adam=True,
     )
 
 
@@ -541,6 +583,7 @@ def main() -> None:
         "--batch-sizes", type=int, nargs="+", help="curriculum stages: these batches vs 128"
     )
     p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
+    p.add_argument("--lsa", action="store_true", help="curriculum stages: plain attention vs LSA")
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")
     p.add_argument("--mkl", action="store_true", help="AMD CPUs: MKL's generic vs AVX2 path")
@@ -564,6 +607,9 @@ def main() -> None:
         return
     if args.resolutions:
         resolution_main(args)
+        return
+    if args.lsa:
+        lsa_main(args)
         return
     if args.fp32:
         fp32_main(args)

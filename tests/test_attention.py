@@ -152,6 +152,18 @@ def test_num_queries_gives_the_first_rows_of_the_full_output(kernel: str, masked
         assert torch.allclose(rows, full[:, :q], atol=1e-6)
 
 
+def test_mask_self_equals_a_mask_without_the_diagonal_and_keeps_gradients() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 4, requires_grad=True) for _ in range(3))
+    no_self = ~torch.eye(6, dtype=torch.bool)
+    ctx, weights = scaled_dot_product_attention(q, k, v, mask_self=True)
+    ctx_ref, weights_ref = scaled_dot_product_attention(q, k, v, mask=no_self)
+    assert torch.allclose(weights, weights_ref) and torch.allclose(ctx, ctx_ref)
+    (grad,) = torch.autograd.grad(ctx.sum(), q)
+    (grad_ref,) = torch.autograd.grad(ctx_ref.sum(), q)
+    assert torch.allclose(grad, grad_ref, atol=1e-6)
+
+
 def test_lsa_masks_the_diagonal_and_scales_scores_by_a_trained_temperature() -> None:
     torch.manual_seed(0)
     attn = Attention(16, num_heads=2, kernel="explicit", lsa=True).eval()
@@ -162,7 +174,7 @@ def test_lsa_masks_the_diagonal_and_scales_scores_by_a_trained_temperature() -> 
     assert torch.equal(weights.diagonal(dim1=-2, dim2=-1), torch.zeros(2, 2, 5))  # no self
     assert torch.allclose(weights.sum(-1), torch.ones(2, 2, 5))
     # by hand: softmax(tau_h q k^T / sqrt(d_k)) with -inf on the diagonal, per head
-    q, k, v = attn._qkv(x)
+    q, k, _ = (x @ attn.qkv.weight.T + attn.qkv.bias).reshape(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
     scores = q @ k.transpose(-2, -1) / 8**0.5 * torch.tensor([0.5, 3.0])[:, None, None]
     by_hand = scores.masked_fill(torch.eye(5, dtype=torch.bool), float("-inf")).softmax(-1)
     assert torch.allclose(weights, by_hand, atol=1e-6)

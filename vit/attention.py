@@ -35,12 +35,16 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
     training: bool = True,
+    mask_self: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Attention the explicit way: returns (context, weights).
 
     q: (..., N, d_k), k: (..., M, d_k), v: (..., M, d_v), any leading dims.
     mask: broadcastable to (..., N, M); boolean (True = attend, as in PyTorch) or additive (float,
     added to the scores, -inf to block). `weights` are after softmax and before dropout.
+    mask_self: query i may not attend to key i (locality self-attention), by writing -inf on the
+    scores' diagonal in place: the same as a mask with False on the diagonal, for N writes
+    instead of a pass over all N x M scores.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., N, M)
     if mask is not None:
@@ -48,6 +52,8 @@ def scaled_dot_product_attention(
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
             scores = scores + mask
+    if mask_self:
+        scores.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))
     weights = scores.softmax(dim=-1)
     dropped = F.dropout(weights, p=dropout_p, training=training) if dropout_p > 0 else weights
     return dropped @ v, weights
@@ -108,20 +114,23 @@ class Attention(nn.Module):
         if lsa:  # a trained multiplier of each head's 1/sqrt(d_k), starting at 1
             self.temperature = nn.Parameter(torch.ones(num_heads))
 
-    def _locality(self, q: Tensor, k: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Locality self-attention (Lee, Lee & Song 2021, https://arxiv.org/abs/2112.13492).
+    def _locality_mask(
+        self, mask: Tensor | None, nq: int, nk: int, *, device: torch.device, fused: bool
+    ) -> tuple[Tensor | None, bool]:
+        """Locality self-attention's diagonal mask (Lee, Lee & Song 2021, arXiv:2112.13492).
 
-        Two changes for small datasets, where attention tends to stay flat: each head's scores
-        are multiplied by a trained temperature (scaling q by it scales q k^T the same), and a
-        diagonal mask stops every token from attending to itself, so the weights go to the
-        others. The diagonal mask is combined with `mask` (boolean: both must allow; additive:
-        -inf added on the diagonal). Returns the scaled q and the mask for the queried rows.
+        LSA makes two changes for small datasets, where attention tends to stay flat: a diagonal
+        mask stops every token from attending to itself, so the weights go to the others, and each
+        head's scores get a trained temperature (folded into the query weights: _qkv_params).
+        Returns (mask, mask_self) for the kernel: with no given mask the explicit path writes the
+        diagonal in place (mask_self) and the fused one gets a boolean mask; a given mask is
+        combined with the diagonal (boolean: both must allow; additive: -inf on the diagonal).
         """
-        nq, nk = q.shape[-2], k.shape[-2]
-        others = ~torch.eye(nk, dtype=torch.bool, device=q.device)[:nq]  # (Q, N), True = attend
-        q = q * self.temperature.to(q.dtype)[:, None, None]  # (H,) over (B, H, Q, D)
         if mask is None:
-            return q, others
+            if not fused:
+                return None, True
+            return ~torch.eye(nk, dtype=torch.bool, device=device)[:nq], False
+        others = ~torch.eye(nk, dtype=torch.bool, device=device)[:nq]  # (Q, N), True = attend
         if mask.dtype == torch.bool:
             mask = mask & others
             empty = ~mask.any(dim=-1)
@@ -134,7 +143,21 @@ class Attention(nn.Module):
                 "tokens no other key (a causal mask does that to the first token): the softmax "
                 "would be 0/0. Use lsa=False with causal masks, or allow every query another key."
             )
-        return q, mask
+        return mask, False
+
+    def _qkv_params(self) -> tuple[Tensor, Tensor | None]:
+        """qkv's weight and bias; with lsa, each head's query rows times its temperature.
+
+        Scaling q_h by t_h scales that head's scores q_h k^T by t_h: the LSA temperature, for a
+        (3C, C) product per step instead of one over the (B, H, N, D) queries.
+        """
+        w, b = self.qkv.weight, self.qkv.bias
+        if not self.lsa:
+            return w, b
+        c = self.proj.in_features
+        ones = self.temperature.new_ones(2 * c)
+        scale = torch.cat([self.temperature.repeat_interleave(self.head_dim), ones])  # (3C,)
+        return w * scale[:, None], None if b is None else b * scale
 
     @torch.no_grad()
     def mimetic_init_(
@@ -183,12 +206,13 @@ class Attention(nn.Module):
 
     def _qkv(self, x: Tensor, num_queries: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, H, Q, D) for the first `num_queries` tokens (all if None); k, v (B, H, N, D)."""
+        w, b = self._qkv_params()
         if num_queries is None:
-            qkv = self.qkv(x)  # (B, N, 3 * H * D)
+            qkv = F.linear(x, w, b)  # (B, N, 3 * H * D)
             q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
             return q, k, v
         # the same projection, row blocks of one weight: queries for the first tokens only
-        c, w, b = x.shape[-1], self.qkv.weight, self.qkv.bias
+        c = x.shape[-1]
         q = F.linear(x[:, :num_queries], w[:c], None if b is None else b[:c])  # (B, Q, H * D)
         kv = F.linear(x, w[c:], None if b is None else b[c:])  # (B, N, 2 * H * D)
         k, v = rearrange(kv, "b n (two h d) -> two b h n d", two=2, h=self.num_heads)
@@ -209,15 +233,18 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, num_queries)  # (B, H, Q, D), (B, H, N, D), (B, H, N, D)
         if mask is not None and num_queries is not None:
             mask = mask[..., :num_queries, :]  # the queried rows
-        if self.lsa:
-            q, mask = self._locality(q, k, mask)
         dropout_p = self.attn_drop if self.training else 0.0
         kernel = default_kernel(q.device, q.dtype) if self.kernel == "auto" else self.kernel
+        mask_self = False
+        if self.lsa:
+            nq, nk = q.shape[-2], k.shape[-2]
+            fused = kernel == "fused"
+            mask, mask_self = self._locality_mask(mask, nq, nk, device=q.device, fused=fused)
         if kernel == "fused":
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:
             ctx, _ = scaled_dot_product_attention(
-                q, k, v, mask=mask, dropout_p=dropout_p, training=self.training
+                q, k, v, mask=mask, dropout_p=dropout_p, training=self.training, mask_self=mask_self
             )
         return self._out(ctx)
 
@@ -226,9 +253,17 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Like forward, always on the explicit path; also returns weights (B, H, N, N)."""
         q, k, v = self._qkv(x)
+        mask_self = False
         if self.lsa:
-            q, mask = self._locality(q, k, mask)
+            n = x.shape[1]
+            mask, mask_self = self._locality_mask(mask, n, n, device=x.device, fused=False)
         ctx, weights = scaled_dot_product_attention(
-            q, k, v, mask=mask, dropout_p=self.attn_drop, training=self.training
+            q,
+            k,
+            v,
+            mask=mask,
+            dropout_p=self.attn_drop,
+            training=self.training,
+            mask_self=mask_self,
         )
         return self._out(ctx), weights
