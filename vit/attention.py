@@ -114,23 +114,25 @@ class Attention(nn.Module):
         if lsa:  # a trained multiplier of each head's 1/sqrt(d_k), starting at 1
             self.temperature = nn.Parameter(torch.ones(num_heads))
 
-    def _locality_mask(
+    def _masks(
         self, mask: Tensor | None, nq: int, nk: int, *, device: torch.device, fused: bool
     ) -> tuple[Tensor | None, bool]:
-        """Locality self-attention's diagonal mask (Lee, Lee & Song 2021, arXiv:2112.13492).
+        """The (mask, mask_self) a kernel gets: the given mask as is, unless lsa adds its diagonal.
 
-        LSA makes two changes for small datasets, where attention tends to stay flat: a diagonal
-        mask stops every token from attending to itself, so the weights go to the others, and each
-        head's scores get a trained temperature (folded into the query weights: _qkv_params).
-        Returns (mask, mask_self) for the kernel: with no given mask the explicit path writes the
-        diagonal in place (mask_self) and the fused one gets a boolean mask; a given mask is
-        combined with the diagonal (boolean: both must allow; additive: -inf on the diagonal).
+        Locality self-attention (Lee, Lee & Song 2021, arXiv:2112.13492) makes two changes for
+        small datasets, where attention tends to stay flat: a diagonal mask stops every token from
+        attending to itself, so the weights go to the others, and each head's scores get a trained
+        temperature (folded into the query weights: _qkv_params). With no given mask the explicit
+        path writes the diagonal in place (mask_self) and the fused one gets a boolean mask; a
+        given mask is combined with the diagonal (boolean: both must allow; additive: -inf on it).
         """
-        if mask is None:
-            if not fused:
-                return None, True
-            return ~torch.eye(nk, dtype=torch.bool, device=device)[:nq], False
+        if not self.lsa:
+            return mask, False
+        if mask is None and not fused:
+            return None, True
         others = ~torch.eye(nk, dtype=torch.bool, device=device)[:nq]  # (Q, N), True = attend
+        if mask is None:
+            return others, False
         if mask.dtype == torch.bool:
             mask = mask & others
             empty = ~mask.any(dim=-1)
@@ -235,12 +237,9 @@ class Attention(nn.Module):
             mask = mask[..., :num_queries, :]  # the queried rows
         dropout_p = self.attn_drop if self.training else 0.0
         kernel = default_kernel(q.device, q.dtype) if self.kernel == "auto" else self.kernel
-        mask_self = False
-        if self.lsa:
-            nq, nk = q.shape[-2], k.shape[-2]
-            fused = kernel == "fused"
-            mask, mask_self = self._locality_mask(mask, nq, nk, device=q.device, fused=fused)
-        if kernel == "fused":
+        nq, nk, fused = q.shape[-2], k.shape[-2], kernel == "fused"
+        mask, mask_self = self._masks(mask, nq, nk, device=q.device, fused=fused)
+        if fused:
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:
             ctx, _ = scaled_dot_product_attention(
@@ -253,10 +252,8 @@ class Attention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Like forward, always on the explicit path; also returns weights (B, H, N, N)."""
         q, k, v = self._qkv(x)
-        mask_self = False
-        if self.lsa:
-            n = x.shape[1]
-            mask, mask_self = self._locality_mask(mask, n, n, device=x.device, fused=False)
+        n = x.shape[1]
+        mask, mask_self = self._masks(mask, n, n, device=x.device, fused=False)
         ctx, weights = scaled_dot_product_attention(
             q,
             k,

@@ -103,11 +103,7 @@ class VisionTransformer(nn.Module):
         pos_init="sincos2d" starts the learned position table at the 2-D sine-cosine table of the
         patch grid (the CLS entry at zero) instead of noise; it stays a trained parameter.
         """
-        if attn_init not in ATTN_INITS or pos_init not in POS_INITS:
-            raise ValueError(
-                f"attn_init={attn_init!r}, pos_init={pos_init!r}: expected one of {ATTN_INITS} "
-                f"and one of {POS_INITS}."
-            )
+        _check_init_names(attn_init, pos_init)
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)  # drawn either way: same RNG stream
             if pos_init == "sincos2d":  # so every other weight starts as with the default
@@ -221,18 +217,9 @@ def _check_config(cfg: dict[str, Any]) -> None:
         raise ValueError(f"global_pool={cfg['global_pool']!r} must be 'token' or 'avg'.")
     if cfg["global_pool"] == "token" and not cfg["class_token"]:
         raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'.")
-    if cfg["attn_init"] not in ATTN_INITS:
-        raise ValueError(
-            f"attn_init={cfg['attn_init']!r} must be one of {ATTN_INITS} ('mimetic' starts each "
-            "attention near the structure trained ViTs show; 'default' is timm's init)."
-        )
+    _check_init_names(cfg["attn_init"], cfg["pos_init"])
     if cfg["pos_embed"] not in ("learned", "sincos"):
         raise ValueError(f"pos_embed={cfg['pos_embed']!r} must be 'learned' or 'sincos'.")
-    if cfg["pos_init"] not in POS_INITS:
-        raise ValueError(
-            f"pos_init={cfg['pos_init']!r} must be one of {POS_INITS} ('sincos2d' starts the "
-            "learned position table at the 2-D sine-cosine table; 'trunc_normal' is timm's init)."
-        )
     if cfg["pos_init"] != "trunc_normal" and cfg["pos_embed"] != "learned":
         raise ValueError(
             f"pos_init={cfg['pos_init']!r} sets the start of a learned table, but "
@@ -242,4 +229,18 @@ def _check_config(cfg: dict[str, Any]) -> None:
         raise ValueError(
             f"embed_dim={cfg['embed_dim']} is not divisible by num_heads={cfg['num_heads']}; "
             f"pick num_heads among the divisors of {cfg['embed_dim']}."
+        )
+
+
+def _check_init_names(attn_init: str, pos_init: str) -> None:
+    """The one check of the init names: at construction (_check_config) and in init_weights."""
+    if attn_init not in ATTN_INITS:
+        raise ValueError(
+            f"attn_init={attn_init!r} must be one of {ATTN_INITS} ('mimetic' starts each "
+            "attention near the structure trained ViTs show; 'default' is timm's init)."
+        )
+    if pos_init not in POS_INITS:
+        raise ValueError(
+            f"pos_init={pos_init!r} must be one of {POS_INITS} ('sincos2d' starts the "
+            "learned position table at the 2-D sine-cosine table; 'trunc_normal' is timm's init)."
         )
