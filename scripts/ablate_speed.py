@@ -25,6 +25,11 @@ on 16x16, 24x24 and 32x32 images, and writes experiments/benchmarks/resolution.{
 times those stages with and without locality self-attention (model.lsa: a diagonal mask and a
 trained temperature per head) and writes experiments/benchmarks/lsa.{json,md}: what it costs.
 
+    python scripts/ablate_speed.py --spt           # the same stages with LSA, patches vs SPT
+
+times them with LSA on, with the plain patch embedding and with shifted patch tokenization
+(model.spt), and writes experiments/benchmarks/spt.{json,md}.
+
     python scripts/ablate_speed.py --batch-sizes 64 # the curriculum's stages: batch 64 vs 128
 
 times the same model's stages at the batch sizes given against batch 128, interleaved, and
@@ -133,13 +138,14 @@ def resolution_step(
     kernel: str = "explicit",
     mlp_ratio: float = 2.0,
     lsa: bool = False,
+    spt: bool = False,
 ):
     """One training step of the cpu60 model on side x side images (bf16 autocast or float32)."""
     from vit.model import create_model
 
     torch.manual_seed(0)
     model = create_model(
-        "vit_tiny", mlp_ratio=mlp_ratio, dynamic_img_size=True, kernel=kernel, lsa=lsa
+        "vit_tiny", mlp_ratio=mlp_ratio, dynamic_img_size=True, kernel=kernel, lsa=lsa, spt=spt
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
     x, y = torch.randn(batch, 3, side, side), torch.randint(0, 10, (batch,))
@@ -258,28 +264,33 @@ def stages_ab(
     )
 
 
-def resolution_main(args: argparse.Namespace) -> None:
-    stages_ab(
-        args,
+# The curriculum stages timed with one option of resolution_step off and on: the flag that asks
+# for each, the option, the two variants' names, what is held fixed, and the output's stem.
+STAGE_ABS = {
+    "resolutions": dict(
         option="fused_adam",
         names=("foreach-adamw", "fused-adamw"),
-        flag="--resolutions",
         stem="resolution",
         about="width 192, depth 6, 3 heads, MLP 384, patch 4, bf16-mixed",
-    )
-
-
-def lsa_main(args: argparse.Namespace) -> None:
-    stages_ab(
-        args,
+    ),
+    "lsa": dict(
         option="lsa",
         names=("plain", "lsa"),
-        flag="--lsa",
         stem="lsa",
         about="the cpu60 model (width 192, depth 6, 3 heads, MLP 384, patch 4), bf16-mixed, "
         "fused AdamW; plain attention vs locality self-attention (model.lsa)",
         fused_adam=True,
-    )
+    ),
+    "spt": dict(
+        option="spt",
+        names=("patches", "spt"),
+        stem="spt",
+        about="the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4), "
+        "bf16-mixed, fused AdamW; plain patch embedding vs shifted patch tokenization (model.spt)",
+        fused_adam=True,
+        lsa=True,
+    ),
+}
 
 
 def batch_sizes_main(args: argparse.Namespace) -> None:
@@ -584,6 +595,7 @@ def main() -> None:
     )
     p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
     p.add_argument("--lsa", action="store_true", help="curriculum stages: plain attention vs LSA")
+    p.add_argument("--spt", action="store_true", help="curriculum stages: patches vs SPT")
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")
     p.add_argument("--mkl", action="store_true", help="AMD CPUs: MKL's generic vs AVX2 path")
@@ -605,12 +617,10 @@ def main() -> None:
     if args.batch_sizes:
         batch_sizes_main(args)
         return
-    if args.resolutions:
-        resolution_main(args)
-        return
-    if args.lsa:
-        lsa_main(args)
-        return
+    for name, ab in STAGE_ABS.items():
+        if getattr(args, name):
+            stages_ab(args, flag=f"--{name}", **ab)
+            return
     if args.fp32:
         fp32_main(args)
         return

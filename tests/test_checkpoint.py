@@ -288,14 +288,21 @@ def test_from_timm_refuses_what_it_cannot_represent(extra, expected) -> None:
     assert expected in str(err.value)
 
 
-def test_lsa_model_rebuilds_from_its_checkpoint_and_refuses_timm(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("option", "refusal"),
+    [("lsa", "locality self-attention"), ("spt", "shifted patch tokenization")],
+)
+def test_lsa_or_spt_model_rebuilds_from_its_checkpoint_and_refuses_timm(
+    tmp_path, option: str, refusal: str
+) -> None:
     from vit.timm_interop import to_timm
 
-    ours = _model(lsa=True)
-    with torch.no_grad():
-        ours.blocks[0].attn.temperature.copy_(torch.tensor([2.0, 0.5]))
-    path = tmp_path / "lsa.ckpt"
-    hp = {"preset": "vit_nano", **TINY3, "lsa": True}
+    ours = _model(**{option: True})
+    with torch.no_grad():  # move every weight off its init (temperatures, the SPT norm's ones)
+        for p in ours.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path / f"{option}.ckpt"
+    hp = {"preset": "vit_nano", **TINY3, option: True}
     torch.save(
         {
             "state_dict": {"model." + k: v for k, v in ours.state_dict().items()},
@@ -304,12 +311,11 @@ def test_lsa_model_rebuilds_from_its_checkpoint_and_refuses_timm(tmp_path) -> No
         path,
     )
     back, _ = load_model(path)
-    assert back.blocks[0].attn.lsa and torch.equal(
-        back.blocks[0].attn.temperature, ours.blocks[0].attn.temperature
-    )
+    assert back.blocks[0].attn.lsa == (option == "lsa")
+    assert back.patch_embed.spt == (option == "spt")
     x = torch.randn(2, 3, 32, 32)
     assert torch.allclose(back(x), ours(x))
-    with pytest.raises(ValueError, match="locality self-attention"):
+    with pytest.raises(ValueError, match=refusal):
         to_timm(ours)
 
 

@@ -69,6 +69,17 @@ def test_lsa_reaches_the_model_and_its_temperatures_are_not_decayed() -> None:
     assert temps <= {id(p) for p in groups[1]["params"]} and groups[1]["weight_decay"] == 0.0
 
 
+def test_spt_reaches_the_model_and_only_its_projection_is_decayed() -> None:
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, spt=True)
+    embed = module.model.patch_embed
+    assert embed.spt and isinstance(embed.proj, torch.nn.Linear)
+    decayed, not_decayed = (
+        {id(p) for p in g["params"]} for g in param_groups(module.model, weight_decay=0.05)
+    )
+    assert id(embed.proj.weight) in decayed
+    assert {id(embed.norm.weight), id(embed.norm.bias), id(embed.proj.bias)} <= not_decayed
+
+
 def test_sizes_come_from_the_preset_unless_overridden() -> None:
     module = ViTClassifier(preset="vit_tiny", depth=2)
     assert module.model.embed_dim == 192 and len(module.model.blocks) == 2

@@ -7,7 +7,9 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from einops import rearrange
+from torch import Tensor
 
 from tests.conftest import TINY, head_products
 from vit.embed import PatchEmbed, resize_pos_embed, sincos_2d_table, sinusoidal_table
@@ -137,6 +139,55 @@ def test_patch_embed_conv_equals_rearrange_and_linear() -> None:
     patches = rearrange(x, "b c (gh p1) (gw p2) -> b (gh gw) (c p1 p2)", p1=4, p2=4)
     weight = pe.proj.weight.reshape(16, -1)  # (D, C*p*p), same (c, p1, p2) order
     assert torch.allclose(pe(x), patches @ weight.T + pe.proj.bias, atol=1e-5)
+
+
+def _shift(x: Tensor, dx: int, dy: int) -> Tensor:
+    """x moved dx pixels right and dy down (negative: left, up), zeros where nothing moved in."""
+    out = torch.zeros_like(x)
+    h, w = x.shape[-2:]
+    out[..., max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = x[
+        ..., max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
+    ]
+    return out
+
+
+@pytest.mark.parametrize("size", [32, 16])  # 16: a low-resolution stage of the curriculum
+def test_spt_is_layernorm_then_linear_of_the_image_and_its_four_diagonal_shifts(size: int) -> None:
+    torch.manual_seed(0)
+    pe = PatchEmbed(img_size=32, patch_size=4, embed_dim=16, dynamic_img_size=True, spt=True)
+    with torch.no_grad():
+        pe.norm.weight.uniform_(0.5, 1.5)
+        pe.norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 3, size, size)
+    shifted = [x] + [_shift(x, dx, dy) for dx, dy in ((2, 2), (-2, 2), (2, -2), (-2, -2))]
+    patches = rearrange(
+        torch.cat(shifted, 1), "b c (gh p1) (gw p2) -> b (gh gw) (c p1 p2)", p1=4, p2=4
+    )
+    normed = F.layer_norm(patches, (5 * 3 * 4 * 4,), pe.norm.weight, pe.norm.bias)
+    assert pe(x).shape == (2, (size // 4) ** 2, 16)
+    torch.testing.assert_close(pe(x), normed @ pe.proj.weight.T + pe.proj.bias)
+
+
+def test_spt_tokens_see_the_pixels_around_their_patch() -> None:
+    """A pixel one step outside a patch reaches its token with spt, and never without."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 32, 32)
+    poked = x.clone()
+    poked[..., 4, 8] += 1.0  # row 4, column 8: patch (1, 2), just below-right of patch (0, 1)
+    for spt in (False, True):
+        pe = PatchEmbed(img_size=32, patch_size=4, embed_dim=16, spt=spt)
+        changed = (pe(poked) - pe(x)).abs().sum(-1) > 0  # (1, 64): which tokens moved
+        assert changed[0, 1 * 8 + 2]  # its own patch, either way
+        assert changed[0, 0 * 8 + 1] == spt  # the neighbour, through the up-left shifted copy
+
+
+def test_spt_model_trains_every_parameter_and_needs_a_patch_to_shift() -> None:
+    model = VisionTransformer(**TINY, spt=True)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    with pytest.raises(ValueError, match="patch_size >= 2"):
+        VisionTransformer(**{**TINY, "patch_size": 1}, spt=True)
 
 
 def test_sinusoidal_table_values() -> None:

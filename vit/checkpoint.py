@@ -201,6 +201,7 @@ def config_of(model: VisionTransformer) -> dict[str, Any]:
         global_pool=model.global_pool,
         pos_embed="learned" if isinstance(model.pos_embed, nn.Parameter) else "sincos",
         lsa=block.attn.lsa,
+        spt=model.patch_embed.spt,
     )
 
 

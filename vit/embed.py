@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+# Shifted patch tokenization (PatchEmbed spt=True): the image itself, then its copies moved half a
+# patch right-down, left-down, right-up and left-up, as (dx, dy) in units of half a patch.
+SPT_SHIFTS = ((0, 0), (1, 1), (-1, 1), (1, -1), (-1, -1))
 
 
 class PatchEmbed(nn.Module):
@@ -11,6 +16,13 @@ class PatchEmbed(nn.Module):
 
     A stride-p convolution with a p x p kernel is exactly "flatten each patch, multiply by one
     matrix": the same linear map, computed in one call (a test holds the two equal).
+
+    `spt=True` is shifted patch tokenization (Lee, Lee & Song 2021, "Vision Transformer for
+    Small-Size Datasets", arXiv:2112.13492): the image is stacked with its four copies shifted
+    diagonally by half a patch (zeros fill the gap), so each patch vector also carries the pixels
+    around its patch; each flattened (5C x p x p) patch is layer-normalised, then projected by
+    one linear map (`proj`, an nn.Linear then). Still patches and a linear projection: no
+    convolution, and the same number of tokens.
     """
 
     def __init__(
@@ -21,6 +33,7 @@ class PatchEmbed(nn.Module):
         in_chans: int = 3,
         embed_dim: int = 192,
         dynamic_img_size: bool = False,
+        spt: bool = False,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -43,7 +56,13 @@ class PatchEmbed(nn.Module):
         self.dynamic_img_size = dynamic_img_size
         self.grid_size = img_size // patch_size
         self.num_patches = self.grid_size**2
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.spt = spt
+        if spt:
+            patch_dim = len(SPT_SHIFTS) * in_chans * patch_size**2
+            self.norm = nn.LayerNorm(patch_dim)
+            self.proj = nn.Linear(patch_dim, embed_dim)
+        else:
+            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, C, H, W) images -> (B, grid*grid, embed_dim) patch vectors, row by row.
@@ -59,7 +78,23 @@ class PatchEmbed(nn.Module):
                     f"build the model with img_size/in_chans matching it (checkpoints can be "
                     f"loaded at another image size)."
                 )
+        if self.spt:
+            return self.proj(self.norm(self._shifted_patches(x)))
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, g, g) -> (B, g*g, D)
+
+    def _shifted_patches(self, x: Tensor) -> Tensor:
+        """(B, C, H, W) -> (B, g*g, 5*C*p*p): each patch of the image and of its 4 shifted copies.
+
+        F.pad with a negative width crops: (s, -s, s, -s) moves the image s pixels right and
+        down. The flattened order within a patch is (channel, row, column), as a convolution's
+        weight is laid out.
+        """
+        s = self.patch_size // 2
+        x = torch.cat([F.pad(x, (dx * s, -dx * s, dy * s, -dy * s)) for dx, dy in SPT_SHIFTS], 1)
+        b, c, h, w = x.shape
+        p = self.patch_size
+        x = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)  # (B, g, g, C, p, p)
+        return x.reshape(b, (h // p) * (w // p), c * p * p)
 
     def _takes_dynamic(self, x: Tensor) -> bool:
         """With dynamic_img_size: a square (B, C, s, s) batch with s a multiple of the patch."""

@@ -67,6 +67,7 @@ class ViTClassifier(L.LightningModule):
         attn_init: Literal["default", "mimetic"] = "default",
         pos_init: Literal["trunc_normal", "sincos2d"] = "trunc_normal",
         lsa: bool = False,
+        spt: bool = False,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -133,6 +134,7 @@ class ViTClassifier(L.LightningModule):
                 attn_init=attn_init,
                 pos_init=pos_init,
                 lsa=lsa,
+                spt=spt,
                 dynamic_img_size=res_schedule is not None,
             )
         )

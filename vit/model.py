@@ -54,6 +54,7 @@ class VisionTransformer(nn.Module):
         attn_init: Literal["default", "mimetic"] = "default",
         pos_init: Literal["trunc_normal", "sincos2d"] = "trunc_normal",
         lsa: bool = False,
+        spt: bool = False,
     ) -> None:
         super().__init__()
         _check_config(locals())
@@ -67,6 +68,7 @@ class VisionTransformer(nn.Module):
             in_chans=in_chans,
             embed_dim=embed_dim,
             dynamic_img_size=dynamic_img_size,
+            spt=spt,
         )
         num_tokens = self.num_prefix_tokens + self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
@@ -121,7 +123,8 @@ class VisionTransformer(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        w = self.patch_embed.proj.weight  # a linear map of a flattened patch: LeCun-style init
+        w = self.patch_embed.proj.weight  # a linear map of a flattened patch (conv, or Linear
+        # with spt): LeCun-style init, std 1/sqrt(fan-in)
         nn.init.trunc_normal_(w, std=(1.0 / w[0].numel()) ** 0.5)
         nn.init.zeros_(self.patch_embed.proj.bias)
         if attn_init == "mimetic":
@@ -212,6 +215,11 @@ def _check_config(cfg: dict[str, Any]) -> None:
         raise ValueError(
             f"patch_size={cfg['patch_size']} is larger than img_size={cfg['img_size']}; "
             f"use a patch that divides the image, e.g. 4 for 32x32."
+        )
+    if cfg["spt"] and cfg["patch_size"] < 2:
+        raise ValueError(
+            "spt=True shifts the image by half a patch, which needs patch_size >= 2; "
+            f"got patch_size={cfg['patch_size']}. Use a larger patch or spt=False."
         )
     if cfg["global_pool"] not in ("token", "avg"):
         raise ValueError(f"global_pool={cfg['global_pool']!r} must be 'token' or 'avg'.")

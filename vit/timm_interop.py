@@ -35,6 +35,12 @@ def to_timm(model: VisionTransformer, **timm_kwargs: Any) -> nn.Module:
             "temperatures), which timm's VisionTransformer has no option for; only models built "
             "with lsa=False convert."
         )
+    if cfg.pop("spt"):
+        raise ValueError(
+            "this model uses shifted patch tokenization (spt=True: shifted copies of the image "
+            "and a LayerNorm before the patch projection), which timm's VisionTransformer has no "
+            "option for; only models built with spt=False convert."
+        )
     tvit = _timm()
     kwargs = dict(
         {k: v for k, v in cfg.items() if k != "pos_embed"},
