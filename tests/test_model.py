@@ -188,6 +188,8 @@ def test_spt_model_trains_every_parameter_and_needs_a_patch_to_shift() -> None:
         assert p.grad is not None and p.grad.abs().sum() > 0, name
     with pytest.raises(ValueError, match="patch_size >= 2"):
         VisionTransformer(**{**TINY, "patch_size": 1}, spt=True)
+    with pytest.raises(ValueError, match="patch_size >= 2"):
+        PatchEmbed(img_size=32, patch_size=1, spt=True)
 
 
 def test_sinusoidal_table_values() -> None:

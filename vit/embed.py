@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor, nn
 
 # Shifted patch tokenization (PatchEmbed spt=True): the image itself, then its copies moved half a
@@ -50,6 +51,11 @@ class PatchEmbed(nn.Module):
                 f"split into whole patches. Pick a patch_size that divides {img_size} (e.g. 2, 4, 8 "
                 f"for 32x32 images)."
             )
+        if spt and patch_size < 2:
+            raise ValueError(
+                "spt=True shifts the image by half a patch, which needs patch_size >= 2; "
+                f"got patch_size={patch_size}. Use a larger patch or spt=False."
+            )
         self.img_size = img_size
         self.patch_size = patch_size
         self.in_chans = in_chans
@@ -89,12 +95,9 @@ class PatchEmbed(nn.Module):
         down. The flattened order within a patch is (channel, row, column), as a convolution's
         weight is laid out.
         """
-        s = self.patch_size // 2
+        p, s = self.patch_size, self.patch_size // 2
         x = torch.cat([F.pad(x, (dx * s, -dx * s, dy * s, -dy * s)) for dx, dy in SPT_SHIFTS], 1)
-        b, c, h, w = x.shape
-        p = self.patch_size
-        x = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)  # (B, g, g, C, p, p)
-        return x.reshape(b, (h // p) * (w // p), c * p * p)
+        return rearrange(x, "b c (gh p1) (gw p2) -> b (gh gw) (c p1 p2)", p1=p, p2=p)
 
     def _takes_dynamic(self, x: Tensor) -> bool:
         """With dynamic_img_size: a square (B, C, s, s) batch with s a multiple of the patch."""

@@ -123,8 +123,8 @@ class VisionTransformer(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        w = self.patch_embed.proj.weight  # a linear map of a flattened patch (conv, or Linear
-        # with spt): LeCun-style init, std 1/sqrt(fan-in)
+        # a linear map of a flattened patch (a conv, or a Linear with spt): LeCun-style init
+        w = self.patch_embed.proj.weight
         nn.init.trunc_normal_(w, std=(1.0 / w[0].numel()) ** 0.5)
         nn.init.zeros_(self.patch_embed.proj.bias)
         if attn_init == "mimetic":
@@ -215,11 +215,6 @@ def _check_config(cfg: dict[str, Any]) -> None:
         raise ValueError(
             f"patch_size={cfg['patch_size']} is larger than img_size={cfg['img_size']}; "
             f"use a patch that divides the image, e.g. 4 for 32x32."
-        )
-    if cfg["spt"] and cfg["patch_size"] < 2:
-        raise ValueError(
-            "spt=True shifts the image by half a patch, which needs patch_size >= 2; "
-            f"got patch_size={cfg['patch_size']}. Use a larger patch or spt=False."
         )
     if cfg["global_pool"] not in ("token", "avg"):
         raise ValueError(f"global_pool={cfg['global_pool']!r} must be 'token' or 'avg'.")

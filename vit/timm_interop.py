@@ -19,6 +19,12 @@ from vit.checkpoint import config_of, mlp_ratio_of, state_dict_mismatches
 from vit.model import VisionTransformer
 
 EPS = 1e-6  # LayerNorm epsilon of our model (and of timm's ViTs)
+# Our options that timm's VisionTransformer cannot express: to_timm refuses models built with them.
+_NOT_IN_TIMM = {
+    "lsa": "locality self-attention (lsa=True: a diagonal mask and trained temperatures)",
+    "spt": "shifted patch tokenization (spt=True: shifted copies of the image and a LayerNorm "
+    "before the patch projection)",
+}
 
 
 def to_timm(model: VisionTransformer, **timm_kwargs: Any) -> nn.Module:
@@ -29,18 +35,12 @@ def to_timm(model: VisionTransformer, **timm_kwargs: Any) -> nn.Module:
     `pos_embed` initialised to the same table (timm's ViT has only learned positions).
     """
     cfg = config_of(model)  # same argument names as timm's, except pos_embed ("learn" there)
-    if cfg.pop("lsa"):
-        raise ValueError(
-            "this model uses locality self-attention (lsa=True: a diagonal mask and trained "
-            "temperatures), which timm's VisionTransformer has no option for; only models built "
-            "with lsa=False convert."
-        )
-    if cfg.pop("spt"):
-        raise ValueError(
-            "this model uses shifted patch tokenization (spt=True: shifted copies of the image "
-            "and a LayerNorm before the patch projection), which timm's VisionTransformer has no "
-            "option for; only models built with spt=False convert."
-        )
+    for option, what in _NOT_IN_TIMM.items():
+        if cfg.pop(option):
+            raise ValueError(
+                f"this model uses {what}, which timm's VisionTransformer has no option for; only "
+                f"models built with {option}=False convert."
+            )
     tvit = _timm()
     kwargs = dict(
         {k: v for k, v in cfg.items() if k != "pos_embed"},
