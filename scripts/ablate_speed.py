@@ -139,13 +139,21 @@ def resolution_step(
     mlp_ratio: float = 2.0,
     lsa: bool = False,
     spt: bool = False,
+    patch_drop: bool = False,
 ):
-    """One training step of the cpu60 model on side x side images (bf16 autocast or float32)."""
+    """One training step of the cpu60 model on side x side images (bf16 autocast or float32);
+    patch_drop drops half of each image's patch tokens (model.patch_drop_rate 0.5)."""
     from vit.model import create_model
 
     torch.manual_seed(0)
     model = create_model(
-        "vit_tiny", mlp_ratio=mlp_ratio, dynamic_img_size=True, kernel=kernel, lsa=lsa, spt=spt
+        "vit_tiny",
+        mlp_ratio=mlp_ratio,
+        dynamic_img_size=True,
+        kernel=kernel,
+        lsa=lsa,
+        spt=spt,
+        patch_drop_rate=0.5 if patch_drop else 0.0,
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
     x, y = torch.randn(batch, 3, side, side), torch.randint(0, 10, (batch,))
@@ -287,6 +295,15 @@ STAGE_ABS = {
         stem="spt",
         about="the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4), "
         "bf16-mixed, fused AdamW; plain patch embedding vs shifted patch tokenization (model.spt)",
+        fused_adam=True,
+        lsa=True,
+    ),
+    "patch_drop": dict(
+        option="patch_drop",
+        names=("all-tokens", "half-dropped"),
+        stem="patch_drop",
+        about="the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4), "
+        "bf16-mixed, fused AdamW; every patch token vs half of them dropped (model.patch_drop_rate 0.5)",
         fused_adam=True,
         lsa=True,
     ),
@@ -596,6 +613,9 @@ def main() -> None:
     p.add_argument("--allocator", action="store_true", help="glibc default vs freed memory kept")
     p.add_argument("--lsa", action="store_true", help="curriculum stages: plain attention vs LSA")
     p.add_argument("--spt", action="store_true", help="curriculum stages: patches vs SPT")
+    p.add_argument(
+        "--patch-drop", action="store_true", help="curriculum stages: all tokens vs half dropped"
+    )
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")
     p.add_argument("--mkl", action="store_true", help="AMD CPUs: MKL's generic vs AVX2 path")
@@ -619,7 +639,7 @@ def main() -> None:
         return
     for name, ab in STAGE_ABS.items():
         if getattr(args, name):
-            stages_ab(args, flag=f"--{name}", **ab)
+            stages_ab(args, flag=f"--{name.replace('_', '-')}", **ab)
             return
     if args.fp32:
         fp32_main(args)

@@ -208,6 +208,37 @@ def test_resolution_curriculum_trains_on_smaller_images_then_full_size(tmp_path)
     assert trainer.optimizers[0].defaults["fused"] is True
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(patch_drop_schedule=[[0.2, 0.5]]), "must start at 0, rise, and stay below 1"),
+        (dict(patch_drop_schedule=[[0, 1.0]]), "rate 1.0 must be in \\[0, 1\\)"),
+        (dict(patch_drop_schedule=[[0, "half"]]), "must be a list of \\[fraction, rate\\]"),
+        (dict(patch_drop_schedule=[[0, 0.5]], patch_drop_rate=0.5), "use one"),
+        (dict(patch_drop_rate=-0.1), "patch_drop_rate=-0.1 must be in"),
+    ],
+)
+def test_bad_patch_drop_settings_fail_clearly(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ViTClassifier(preset="vit_nano", **TINY_ARGS, **kwargs)
+
+
+def test_patch_drop_schedule_cuts_training_tokens_by_stage_and_never_evaluation(tmp_path) -> None:
+    assert ViTClassifier(**TINY_ARGS, patch_drop_rate=0.25).model.patch_drop_rate == 0.25
+    module = ViTClassifier(
+        preset="vit_nano", **TINY_ARGS, patch_drop_schedule=[[0, 0.0], [0.3, 0.5], [0.6, 0.75]]
+    )
+    seen: list[tuple[bool, int]] = []
+    module.model.blocks[0].register_forward_pre_hook(
+        lambda m, args: seen.append((m.training, args[0].shape[1]))
+    )
+    trainer = quiet_trainer(tmp_path, max_epochs=3, num_sanity_val_steps=0)
+    trainer.fit(module, random_loader(32), random_loader(16))
+    # 16 patches + CLS; 6 steps: progress 0, 1/6 -> all; 2/6, 3/6 -> 8 kept; 4/6, 5/6 -> 4 kept
+    assert [n for training, n in seen if training] == [17, 17, 9, 9, 5, 5]
+    assert {n for training, n in seen if not training} == {17}  # validation: every token
+
+
 def test_test_flip_scores_the_mean_of_image_and_mirror(tmp_path) -> None:
     torch.manual_seed(0)
     plain = ViTClassifier(preset="vit_nano", **TINY_ARGS)

@@ -12,7 +12,13 @@ from einops import rearrange
 from torch import Tensor
 
 from tests.conftest import TINY, head_products
-from vit.embed import PatchEmbed, resize_pos_embed, sincos_2d_table, sinusoidal_table
+from vit.embed import (
+    PatchEmbed,
+    drop_patches,
+    resize_pos_embed,
+    sincos_2d_table,
+    sinusoidal_table,
+)
 from vit.model import PRESETS, VisionTransformer, create_model
 
 
@@ -57,6 +63,7 @@ def test_vit_tiny_matches_the_benchmark_size() -> None:
         (dict(depth=0), "depth=0 must be a positive integer"),
         (dict(num_classes=-1), "num_classes=-1"),
         (dict(drop_rate=1.5), "drop_rate=1.5 must be in"),
+        (dict(patch_drop_rate=1.0), "patch_drop_rate=1.0 must be in \\[0, 1\\)"),
         (dict(mlp_ratio=0), "mlp_ratio=0"),
         (dict(global_pool="token", class_token=False), "needs class_token=True"),
         (dict(pos_embed="rotary"), "pos_embed='rotary'"),
@@ -190,6 +197,37 @@ def test_spt_model_trains_every_parameter_and_needs_a_patch_to_shift() -> None:
         VisionTransformer(**{**TINY, "patch_size": 1}, spt=True)
     with pytest.raises(ValueError, match="patch_size >= 2"):
         PatchEmbed(img_size=32, patch_size=1, spt=True)
+
+
+def test_patch_dropout_keeps_cls_and_a_random_subset_of_each_images_positioned_patches() -> None:
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY, patch_drop_rate=0.5)  # 16 patches of 8x8, 8 kept
+    x = torch.randn(4, 3, 32, 32, requires_grad=True)
+    full = model.eval().embed(x).detach()  # evaluation: every token, as without the option
+    assert full.shape == (4, 17, 32)
+    kept = model.train().embed(x)
+    assert kept.shape == (4, 9, 32)
+    assert torch.equal(kept[:, 0], full[:, 0])  # the CLS token always stays
+    subsets = []
+    for image in range(4):  # each kept token is one of the image's own patch tokens, none twice
+        match = (kept[image, 1:, None] == full[image, None, 1:]).all(-1)  # (8 kept, 16 patches)
+        assert match.sum(-1).tolist() == [1] * 8
+        subsets.append(frozenset(match.int().argmax(-1).tolist()))
+        assert len(subsets[-1]) == 8
+    assert len(set(subsets)) > 1  # drawn per image, not one subset for the batch
+    # a dropped patch's pixels reach nothing: exactly 8 of 16 patches get an input gradient
+    model(x).sum().backward()
+    per_patch = rearrange(x.grad.abs(), "b c (h p) (w q) -> b (h w) (c p q)", p=8, q=8).sum(-1)
+    assert (per_patch > 0).sum(-1).tolist() == [8] * 4
+
+
+def test_drop_patches_edge_rates() -> None:
+    tokens = torch.randn(2, 5, 3)  # CLS + 4 patches
+    assert drop_patches(tokens, 0.0) is tokens
+    assert drop_patches(tokens, 0.99).shape == (2, 2, 3)  # at least one patch stays
+    assert drop_patches(tokens, 0.5, num_prefix_tokens=0).shape == (2, 2, 3)  # no CLS: 5 -> 2
+    with pytest.raises(ValueError, match="rate 1.0 must be in \\[0, 1\\)"):
+        drop_patches(tokens, 1.0)
 
 
 def test_sinusoidal_table_values() -> None:

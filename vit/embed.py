@@ -165,3 +165,24 @@ def resize_pos_embed(pos_embed: Tensor, *, new_grid: int, num_prefix_tokens: int
     ).to(pos_embed.dtype)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, -1)
     return torch.cat([prefix, grid], dim=1)
+
+
+def drop_patches(tokens: Tensor, rate: float, *, num_prefix_tokens: int = 1) -> Tensor:
+    """Keep a random subset of each image's patch tokens; the CLS (prefix) tokens always stay.
+
+    Patch dropout (Liu et al. 2022, arXiv:2208.07220; timm's `patch_drop_rate`): a training-time
+    cut of the sequence, int(N * (1 - rate)) of the N patch tokens kept (at least one), drawn
+    independently per image after the positions are added, so each kept token still knows where
+    it came from. Attention does not depend on token order, so the kept tokens are not re-sorted.
+    (B, P + N, D) -> (B, P + keep, D).
+    """
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"patch drop rate {rate} must be in [0, 1); it is the fraction dropped.")
+    prefix, patches = tokens[:, :num_prefix_tokens], tokens[:, num_prefix_tokens:]
+    b, n, d = patches.shape
+    keep = max(1, int(n * (1.0 - rate)))
+    if rate == 0.0 or keep == n:
+        return tokens
+    index = torch.rand(b, n, device=tokens.device).argsort(dim=1)[:, :keep]
+    patches = patches.gather(1, index.unsqueeze(-1).expand(-1, -1, d))
+    return torch.cat([prefix, patches], dim=1)

@@ -36,7 +36,8 @@ class ViTClassifier(L.LightningModule):
     """Cross-entropy with label smoothing, AdamW, linear warm-up then cosine (or linear) decay.
 
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
-    low-resolution curriculum (`res_schedule`), fused AdamW, test-time flip (`test_flip`), and a
+    low-resolution curriculum (`res_schedule`), patch dropout (`patch_drop_rate`, or by stage of
+    training `patch_drop_schedule`), fused AdamW, test-time flip (`test_flip`), and a
     wall-clock budget (`time_budget_min`): the schedule then runs on the fraction of the budget
     used, reaches its end when the time is up, and training stops there (after a last validation).
 
@@ -63,6 +64,7 @@ class ViTClassifier(L.LightningModule):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        patch_drop_rate: float = 0.0,
         kernel: Kernel = "auto",
         attn_init: Literal["default", "mimetic"] = "default",
         pos_init: Literal["trunc_normal", "sincos2d"] = "trunc_normal",
@@ -81,6 +83,7 @@ class ViTClassifier(L.LightningModule):
         cutmix_alpha: float = 0.0,
         mix_prob: float = 1.0,
         res_schedule: list[tuple[float, int]] | None = None,
+        patch_drop_schedule: list[tuple[float, float]] | None = None,
         fused_adamw: bool | None = None,
         test_flip: bool = False,
         class_names: list[str] | None = None,
@@ -98,6 +101,12 @@ class ViTClassifier(L.LightningModule):
         )
         check_mix_args(mixup_alpha, cutmix_alpha, mix_prob)
         self.res_schedule = _check_res_schedule(res_schedule, patch_size=patch_size)
+        self.patch_drop_schedule = _check_patch_drop_schedule(patch_drop_schedule)
+        if patch_drop_schedule is not None and patch_drop_rate != 0:
+            raise ValueError(
+                f"patch_drop_rate={patch_drop_rate} and patch_drop_schedule={patch_drop_schedule} "
+                "both set the patch-drop rate: use one (a constant rate is [[0, rate]])."
+            )
         if warmup_fraction is not None and not 0 <= warmup_fraction < 1:
             raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1), e.g. 0.05.")
         if time_budget_min is not None:
@@ -130,6 +139,7 @@ class ViTClassifier(L.LightningModule):
                 drop_rate=drop_rate,
                 attn_drop_rate=attn_drop_rate,
                 drop_path_rate=drop_path_rate,
+                patch_drop_rate=patch_drop_rate,
                 kernel=kernel,
                 attn_init=attn_init,
                 pos_init=pos_init,
@@ -170,9 +180,7 @@ class ViTClassifier(L.LightningModule):
 
     def train_resolution(self, progress: float) -> int | None:
         """The side training images are resized to at this fraction of training (None: as loaded)."""
-        if self.res_schedule is None:
-            return None
-        return [size for start, size in self.res_schedule if start <= progress][-1]
+        return _stage_value(self.res_schedule, progress)
 
     def elapsed_s(self) -> float:
         """Wall-clock seconds of training so far (validation included), across resumes."""
@@ -206,6 +214,9 @@ class ViTClassifier(L.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._progress = self.progress()
+        rate = _stage_value(self.patch_drop_schedule, self._progress)
+        if rate is not None:  # the model drops this fraction of patch tokens in training
+            self.model.patch_drop_rate = rate
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.hparams.time_budget_min is not None and self.progress() >= 1.0:
@@ -378,6 +389,31 @@ class WarmupCosine:
         return self.min_ratio + (1 - self.min_ratio) * shape
 
 
+def _stage_value(schedule: list[tuple[float, Any]] | None, progress: float) -> Any:
+    """The value of the last stage of [[fraction, value], ...] that has started (None: no schedule)."""
+    if schedule is None:
+        return None
+    return [value for start, value in schedule if start <= progress][-1]
+
+
+def _check_stages(
+    schedule: Any, *, name: str, value: str, cast: type, example: str
+) -> list[tuple[float, Any]]:
+    """[[fraction, value], ...] with fractions of training starting at 0, rising, below 1."""
+    try:
+        pairs = [(float(start), cast(v)) for start, v in schedule]
+    except (TypeError, ValueError):
+        msg = f"{name}={schedule!r} must be a list of [fraction, {value}]; {example}"
+        raise ValueError(msg) from None
+    starts = [start for start, _ in pairs]
+    rising = all(b > a for a, b in zip(starts, starts[1:], strict=False))
+    if not pairs or starts[0] != 0 or not rising or starts[-1] >= 1:
+        raise ValueError(
+            f"{name}={schedule!r}: the fractions must start at 0, rise, and stay below 1; {example}"
+        )
+    return pairs
+
+
 def _check_res_schedule(
     schedule: list[tuple[float, int]] | None, *, patch_size: int
 ) -> list[tuple[float, int]] | None:
@@ -388,23 +424,34 @@ def _check_res_schedule(
         "e.g. [[0, 16], [0.3, 24], [0.55, 32]]: 16x16 images for the first 30% of training, "
         "24x24 until 55%, then 32x32"
     )
-    try:
-        pairs = [(float(start), int(side)) for start, side in schedule]
-    except (TypeError, ValueError):
-        msg = f"res_schedule={schedule!r} must be a list of [fraction, side]; {example}"
-        raise ValueError(msg) from None
-    starts = [start for start, _ in pairs]
-    rising = all(b > a for a, b in zip(starts, starts[1:], strict=False))
-    if not pairs or starts[0] != 0 or not rising or starts[-1] >= 1:
-        raise ValueError(
-            f"res_schedule={schedule!r}: the fractions must start at 0, rise, and stay below 1; "
-            f"{example}"
-        )
+    pairs = _check_stages(schedule, name="res_schedule", value="side", cast=int, example=example)
     for _, side in pairs:
         if side < patch_size or side % patch_size:
             raise ValueError(
                 f"res_schedule side {side} is not a positive multiple of patch_size={patch_size}; "
                 f"{example}"
+            )
+    return pairs
+
+
+def _check_patch_drop_schedule(
+    schedule: list[tuple[float, float]] | None,
+) -> list[tuple[float, float]] | None:
+    """[[fraction, rate], ...]: fractions of training rising from 0 (below 1), rates in [0, 1)."""
+    if schedule is None:
+        return None
+    example = (
+        "e.g. [[0, 0], [0.5, 0.5], [0.85, 0]]: every patch token until 50% of training, half of "
+        "them (drawn per image) until 85%, then every token again"
+    )
+    pairs = _check_stages(
+        schedule, name="patch_drop_schedule", value="rate", cast=float, example=example
+    )
+    for _, rate in pairs:
+        if not 0 <= rate < 1:
+            raise ValueError(
+                f"patch_drop_schedule rate {rate} must be in [0, 1): the fraction of patch tokens "
+                f"dropped; {example}"
             )
     return pairs
 

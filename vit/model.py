@@ -13,7 +13,13 @@ from torch import Tensor, nn
 
 from vit.attention import Kernel
 from vit.block import Block
-from vit.embed import PatchEmbed, resize_pos_embed, sincos_2d_table, sinusoidal_table
+from vit.embed import (
+    PatchEmbed,
+    drop_patches,
+    resize_pos_embed,
+    sincos_2d_table,
+    sinusoidal_table,
+)
 
 ATTN_INITS = ("default", "mimetic")  # how attention weights start (VisionTransformer.init_weights)
 POS_INITS = ("trunc_normal", "sincos2d")  # how a learned position table starts (init_weights)
@@ -49,6 +55,7 @@ class VisionTransformer(nn.Module):
         pos_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        patch_drop_rate: float = 0.0,
         kernel: Kernel = "auto",
         dynamic_img_size: bool = False,
         attn_init: Literal["default", "mimetic"] = "default",
@@ -77,6 +84,7 @@ class VisionTransformer(nn.Module):
         else:
             self.register_buffer("pos_embed", sinusoidal_table(num_tokens, embed_dim)[None])
         self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.patch_drop_rate = patch_drop_rate  # training only; a plain float a trainer may set
         rates = torch.linspace(0, drop_path_rate, depth).tolist()  # deeper blocks drop more
         self.blocks = nn.ModuleList(
             Block(
@@ -136,7 +144,11 @@ class VisionTransformer(nn.Module):
         return {"cls_token", "pos_embed"}
 
     def embed(self, x: Tensor) -> Tensor:
-        """(B, C, H, W) -> (B, N, D) tokens: patch vectors, CLS prepended, positions added."""
+        """(B, C, H, W) -> (B, N, D) tokens: patch vectors, CLS prepended, positions added.
+
+        In training, with patch_drop_rate > 0, a random part of each image's patch tokens is then
+        dropped (drop_patches): fewer tokens, a cheaper step. Evaluation always sees every token.
+        """
         x = self.patch_embed(x)
         pos = self.pos_embed
         if x.shape[1] != self.patch_embed.num_patches:  # dynamic_img_size: another grid
@@ -144,7 +156,10 @@ class VisionTransformer(nn.Module):
             pos = resize_pos_embed(pos, new_grid=grid, num_prefix_tokens=self.num_prefix_tokens)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + pos)
+        x = self.pos_drop(x + pos)
+        if self.training and self.patch_drop_rate > 0:
+            x = drop_patches(x, self.patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
+        return x
 
     def forward_features(self, x: Tensor) -> Tensor:
         x = self.embed(x)
@@ -208,7 +223,13 @@ def _check_config(cfg: dict[str, Any]) -> None:
             raise ValueError(f"{key}={cfg[key]!r} must be a positive integer.")
     if cfg["mlp_ratio"] <= 0:
         raise ValueError(f"mlp_ratio={cfg['mlp_ratio']} must be positive (4.0 is usual).")
-    for key in ("drop_rate", "pos_drop_rate", "attn_drop_rate", "drop_path_rate"):
+    for key in (
+        "drop_rate",
+        "pos_drop_rate",
+        "attn_drop_rate",
+        "drop_path_rate",
+        "patch_drop_rate",
+    ):
         if not 0.0 <= cfg[key] < 1.0:
             raise ValueError(f"{key}={cfg[key]} must be in [0, 1); it is a probability.")
     if cfg["patch_size"] > cfg["img_size"]:
