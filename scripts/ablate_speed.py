@@ -272,6 +272,13 @@ def stages_ab(
     )
 
 
+# The current recipe's model, held fixed by the A/Bs of options on top of it.
+RECIPE_ABOUT = (
+    "the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4), bf16-mixed, "
+    "fused AdamW"
+)
+RECIPE_FIXED = dict(fused_adam=True, lsa=True)
+
 # The curriculum stages timed with one option of resolution_step off and on: the flag that asks
 # for each, the option, the two variants' names, what is held fixed, and the output's stem.
 STAGE_ABS = {
@@ -293,19 +300,16 @@ STAGE_ABS = {
         option="spt",
         names=("patches", "spt"),
         stem="spt",
-        about="the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4), "
-        "bf16-mixed, fused AdamW; plain patch embedding vs shifted patch tokenization (model.spt)",
-        fused_adam=True,
-        lsa=True,
+        about=f"{RECIPE_ABOUT}; plain patch embedding vs shifted patch tokenization (model.spt)",
+        **RECIPE_FIXED,
     ),
     "patch_drop": dict(
         option="patch_drop",
         names=("all-tokens", "half-dropped"),
         stem="patch_drop",
-        about="the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4), "
-        "bf16-mixed, fused AdamW; every patch token vs half of them dropped (model.patch_drop_rate 0.5)",
-        fused_adam=True,
-        lsa=True,
+        about=f"{RECIPE_ABOUT}; every patch token vs half of them dropped "
+        "(model.patch_drop_rate 0.5)",
+        **RECIPE_FIXED,
     ),
 }
 

@@ -181,7 +181,7 @@ def drop_patches(tokens: Tensor, rate: float, *, num_prefix_tokens: int = 1) -> 
     prefix, patches = tokens[:, :num_prefix_tokens], tokens[:, num_prefix_tokens:]
     b, n, d = patches.shape
     keep = max(1, int(n * (1.0 - rate)))
-    if rate == 0.0 or keep == n:
+    if keep == n:  # rate 0, or too few patches to drop one
         return tokens
     index = torch.rand(b, n, device=tokens.device).argsort(dim=1)[:, :keep]
     patches = patches.gather(1, index.unsqueeze(-1).expand(-1, -1, d))
