@@ -30,6 +30,12 @@ trained temperature per head) and writes experiments/benchmarks/lsa.{json,md}: w
 times them with LSA on, with the plain patch embedding and with shifted patch tokenization
 (model.spt), and writes experiments/benchmarks/spt.{json,md}.
 
+    python scripts/ablate_speed.py --fast-step     # the same stages: bf16 autocast vs full, compile
+
+times them in bf16 autocast (the recipe's precision) and with the whole model in bf16 and float32
+master weights kept by the optimizer, each eager and through torch.compile, and writes
+experiments/benchmarks/fast_step.{json,md}.
+
     python scripts/ablate_speed.py --batch-sizes 64 # the curriculum's stages: batch 64 vs 128
 
 times the same model's stages at the batch sizes given against batch 128, interleaved, and
@@ -109,13 +115,30 @@ def make_step(*, kernel: str, precision: str, fused_adam: bool, compile_: bool, 
     )
     x = torch.randn(batch, 3, 32, 32)
     y = torch.randint(0, 10, (batch,))
+    return training_step(
+        model, x, y, precision=precision, fused_adam=fused_adam, compile_=compile_, dynamic=None
+    )
+
+
+def training_step(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    precision: str,
+    fused_adam: bool,
+    compile_: bool,
+    dynamic: bool | None,
+):
+    """A closure running one training step (forward, backward, AdamW) of `model` on (x, y):
+    precision 32-true, bf16-mixed (autocast) or bf16-full (the model in bf16, float32 master
+    weights in the optimizer); compile_ runs the model through torch.compile(dynamic=dynamic)."""
     if precision == "bf16-full":
-        model = model.to(torch.bfloat16)
-        x = x.to(torch.bfloat16)
+        model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
         opt = MasterWeights(model, fused=fused_adam)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
-    forward = torch.compile(model) if compile_ else model
+    forward = torch.compile(model, dynamic=dynamic) if compile_ else model
     autocast = precision == "bf16-mixed"
 
     def step() -> None:
@@ -140,9 +163,12 @@ def resolution_step(
     lsa: bool = False,
     spt: bool = False,
     patch_drop: bool = False,
+    compile_: bool = False,
 ):
-    """One training step of the cpu60 model on side x side images (bf16 autocast or float32);
-    patch_drop drops half of each image's patch tokens (model.patch_drop_rate 0.5)."""
+    """One training step of the cpu60 model on side x side images (bf16 autocast, float32, or
+    bf16-full: the model in bf16 with float32 master weights in the optimizer); patch_drop drops
+    half of each image's patch tokens (model.patch_drop_rate 0.5); compile_ runs the model
+    through torch.compile."""
     from vit.model import create_model
 
     torch.manual_seed(0)
@@ -155,18 +181,11 @@ def resolution_step(
         spt=spt,
         patch_drop_rate=0.5 if patch_drop else 0.0,
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
     x, y = torch.randn(batch, 3, side, side), torch.randint(0, 10, (batch,))
-    autocast = precision == "bf16-mixed"
-
-    def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = F.cross_entropy(model(x).float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    # static shapes: the curriculum compiles once per image size
+    return training_step(
+        model, x, y, precision=precision, fused_adam=fused_adam, compile_=compile_, dynamic=False
+    )
 
 
 def time_and_write(
@@ -312,6 +331,37 @@ STAGE_ABS = {
         **RECIPE_FIXED,
     ),
 }
+
+
+FAST_STEPS = {  # name: resolution_step's precision and compile_
+    "bf16-mixed": ("bf16-mixed", False),
+    "bf16-full": ("bf16-full", False),
+    "bf16-mixed compile": ("bf16-mixed", True),
+    "bf16-full compile": ("bf16-full", True),
+}
+
+
+def fast_step_main(args: argparse.Namespace) -> None:
+    """The curriculum's stages of the recipe's model in bf16-mixed (autocast, the recipe's
+    precision) against the whole model in bf16 with float32 master weights, each eager and
+    through torch.compile (static shapes, compiled once per size before timing)."""
+    steps = {
+        f"{side}x{side} {name}": resolution_step(
+            side=side, batch=args.batch, precision=precision, compile_=compile_, **RECIPE_FIXED
+        )
+        for side in (16, 24, 32)
+        for name, (precision, compile_) in FAST_STEPS.items()
+    }
+    time_and_write(
+        steps,
+        args=args,
+        base="32x32 bf16-mixed",
+        stem="fast_step",
+        command=f"python scripts/ablate_speed.py --fast-step --batch {args.batch} "
+        f"--rounds {args.rounds}",
+        about=f"batch {args.batch}, {RECIPE_ABOUT.replace(', bf16-mixed', '')}; bf16 autocast vs "
+        "the model in bf16 with float32 master weights (bf16-full), eager and torch.compile",
+    )
 
 
 def batch_sizes_main(args: argparse.Namespace) -> None:
@@ -620,6 +670,9 @@ def main() -> None:
     p.add_argument(
         "--patch-drop", action="store_true", help="curriculum stages: all tokens vs half dropped"
     )
+    p.add_argument(
+        "--fast-step", action="store_true", help="curriculum stages: bf16-mixed vs full, compile"
+    )
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")
     p.add_argument("--mkl", action="store_true", help="AMD CPUs: MKL's generic vs AVX2 path")
@@ -645,6 +698,9 @@ def main() -> None:
         if getattr(args, name):
             stages_ab(args, flag=f"--{name.replace('_', '-')}", **ab)
             return
+    if args.fast_step:
+        fast_step_main(args)
+        return
     if args.fp32:
         fp32_main(args)
         return

@@ -367,12 +367,12 @@ def test_time_budget_needs_a_warmup_fraction_and_positive_minutes() -> None:
         ViTClassifier(preset="vit_nano", **TINY_ARGS, time_budget_min=0, warmup_fraction=0.05)
 
 
+def flat(module: ViTClassifier) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
 def test_fused_adamw_makes_the_same_updates_as_the_default(tmp_path) -> None:
     """fused_adamw is a speed setting only: three steps land on the same weights (fp32)."""
-
-    def flat(module: ViTClassifier) -> torch.Tensor:
-        return torch.cat([p.detach().flatten() for p in module.parameters()])
-
     weights = []
     for fused in (None, True):
         torch.manual_seed(0)
@@ -384,3 +384,41 @@ def test_fused_adamw_makes_the_same_updates_as_the_default(tmp_path) -> None:
     # each step moves a weight by up to lr = 1e-3; the two kernels round differently, and Adam
     # magnifies that where a gradient is near zero: agreement to 1% of one step
     torch.testing.assert_close(weights[1], weights[0], atol=1e-5, rtol=0)
+
+
+def test_torch_compile_trains_like_eager_and_saves_eager_names(tmp_path) -> None:
+    """torch_compile is a speed setting only: three compiled steps land on the eager steps'
+    weights (fp32), and the checkpoint holds the eager model's names, so loading it for
+    evaluation neither compiles nor needs a prefix stripped."""
+    weights, modules = [], []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        module = ViTClassifier(
+            preset="vit_nano", **TINY_ARGS, torch_compile=compiled, warmup_epochs=0
+        )
+        start = flat(module).clone()
+        trainer = quiet_trainer(tmp_path, max_steps=3, max_epochs=1)
+        trainer.fit(module, random_loader(48))
+        assert (module.model._compiled_call_impl is not None) is compiled
+        weights.append(flat(module))
+        modules.append(module)
+        assert (weights[-1] - start).abs().max() > 1e-4  # the three steps moved the weights
+    # inductor fuses and reorders float sums: agreement to 1% of one step, as for fused AdamW
+    torch.testing.assert_close(weights[1], weights[0], atol=1e-5, rtol=0)
+    path = tmp_path / "compiled.ckpt"
+    trainer.save_checkpoint(path)
+    names = torch.load(path, weights_only=True)["state_dict"].keys()
+    assert set(names) == set(modules[0].state_dict())  # no "_orig_mod." anywhere
+    reloaded = ViTClassifier.load_from_checkpoint(path).eval()
+    assert reloaded.model._compiled_call_impl is None
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), modules[1].eval()(x), atol=1e-4, rtol=1e-4)
+
+
+def test_torch_compile_without_a_cpp_compiler_fails_at_fit_start(monkeypatch) -> None:
+    monkeypatch.setenv("CXX", "no-such-compiler-x9")
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, torch_compile=True)
+    with pytest.raises(RuntimeError, match="needs a C[+][+] compiler.*no-such-compiler-x9.*false"):
+        module.on_fit_start()
+    assert module.model._compiled_call_impl is None  # nothing was compiled

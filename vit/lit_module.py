@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import sys
 import time
 from typing import Any, Literal
 
@@ -32,14 +35,27 @@ def check_lr_decay(decay: str) -> None:
         )
 
 
+def check_cpp_compiler() -> None:
+    """torch.compile's CPU code is C++ built at run time: fail at the start of the fit, with the
+    fix, where inductor would fail inside the first step."""
+    cxx = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")  # inductor's
+    if shutil.which(cxx) is None:
+        raise RuntimeError(
+            f"model.torch_compile needs a C++ compiler on CPU and {cxx!r} (the CXX variable, or "
+            f"the platform's default) is not on PATH: install one (e.g. apt install g++), point "
+            f"CXX at it, or set model.torch_compile: false."
+        )
+
+
 class ViTClassifier(L.LightningModule):
     """Cross-entropy with label smoothing, AdamW, linear warm-up then cosine (or linear) decay.
 
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), patch dropout (`patch_drop_rate`, or by stage of
-    training `patch_drop_schedule`), fused AdamW, test-time flip (`test_flip`), and a
-    wall-clock budget (`time_budget_min`): the schedule then runs on the fraction of the budget
-    used, reaches its end when the time is up, and training stops there (after a last validation).
+    training `patch_drop_schedule`), fused AdamW, torch.compile in fit (`torch_compile`),
+    test-time flip (`test_flip`), and a wall-clock budget (`time_budget_min`): the schedule then
+    runs on the fraction of the budget used, reaches its end when the time is up, and training
+    stops there (after a last validation).
 
     Model sizes come from `preset`; any size argument left at None takes the preset's value, so a
     config can say `preset: vit_tiny` and override one thing. Plain values only, so that
@@ -85,6 +101,7 @@ class ViTClassifier(L.LightningModule):
         res_schedule: list[tuple[float, int]] | None = None,
         patch_drop_schedule: list[tuple[float, float]] | None = None,
         fused_adamw: bool | None = None,
+        torch_compile: bool = False,
         test_flip: bool = False,
         class_names: list[str] | None = None,
     ) -> None:
@@ -162,6 +179,16 @@ class ViTClassifier(L.LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
+
+    def on_fit_start(self) -> None:
+        """With torch_compile, compile the network in place for the fit (and the test after it):
+        its parameter names and checkpoints stay those of the eager model, and loading a
+        checkpoint for evaluation or prediction stays eager. Static shapes: each image size of
+        the curriculum, and each batch size, compiles once."""
+        if self.hparams.torch_compile:
+            if self.device.type == "cpu":
+                check_cpp_compiler()
+            self.model.compile(dynamic=False)
 
     def setup(self, stage: str) -> None:
         """Check that the data's classes match the head, and remember their names."""
