@@ -292,10 +292,8 @@ def stages_ab(
 
 
 # The current recipe's model, held fixed by the A/Bs of options on top of it.
-RECIPE_ABOUT = (
-    "the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4), bf16-mixed, "
-    "fused AdamW"
-)
+RECIPE_MODEL = "the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4)"
+RECIPE_ABOUT = f"{RECIPE_MODEL}, bf16-mixed, fused AdamW"
 RECIPE_FIXED = dict(fused_adam=True, lsa=True)
 
 # The curriculum stages timed with one option of resolution_step off and on: the flag that asks
@@ -359,7 +357,7 @@ def fast_step_main(args: argparse.Namespace) -> None:
         stem="fast_step",
         command=f"python scripts/ablate_speed.py --fast-step --batch {args.batch} "
         f"--rounds {args.rounds}",
-        about=f"batch {args.batch}, {RECIPE_ABOUT.replace(', bf16-mixed', '')}; bf16 autocast vs "
+        about=f"batch {args.batch}, {RECIPE_MODEL}, fused AdamW; bf16 autocast vs "
         "the model in bf16 with float32 master weights (bf16-full), eager and torch.compile",
     )
 

@@ -1,0 +1,45 @@
+"""scripts/ablate_speed.py's full-bf16 variant is a real training step on float32 master weights."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import REPO
+
+spec = importlib.util.spec_from_file_location("ablate_speed", REPO / "scripts" / "ablate_speed.py")
+ablate = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ablate)
+
+
+def test_master_weights_step_float32_copies_and_copy_them_back(tiny_model) -> None:
+    model = tiny_model.to(torch.bfloat16)
+    opt = ablate.MasterWeights(model, fused=False)
+    start = [m.detach().clone() for m in opt.master]
+    x, y = torch.randn(4, 3, 32, 32, dtype=torch.bfloat16), torch.randint(0, 10, (4,))
+    for _ in range(2):
+        F.cross_entropy(model(x).float(), y).backward()
+        opt.step()
+    params = list(model.parameters())
+    assert all(p.dtype == torch.bfloat16 for p in params)  # the model computes in bf16
+    assert all(m.dtype == torch.float32 for m in opt.master)  # AdamW steps float32 copies
+    for p, m in zip(params, opt.master, strict=True):
+        assert torch.equal(p, m.to(torch.bfloat16))  # each step copies them back
+        assert p.grad is None  # and takes the gradients off the bf16 model
+    moved = max((m - s).abs().max().item() for m, s in zip(opt.master, start, strict=True))
+    assert moved > 1e-5  # two steps of lr 1e-4 moved the float32 weights
+
+
+def test_full_bf16_variant_puts_the_model_in_bf16(tiny_model) -> None:
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    step = ablate.training_step(
+        tiny_model, x, y, precision="bf16-full", fused_adam=False, compile_=False, dynamic=False
+    )
+    before = [p.detach().float().clone() for p in tiny_model.parameters()]
+    step()
+    assert all(p.dtype == torch.bfloat16 for p in tiny_model.parameters())
+    assert any(
+        not torch.equal(p.float(), b) for p, b in zip(tiny_model.parameters(), before, strict=True)
+    )
