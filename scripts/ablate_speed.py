@@ -291,7 +291,8 @@ def stages_ab(
     )
 
 
-# The current recipe's model, held fixed by the A/Bs of options on top of it.
+# Session 12's recipe model (LSA, no SPT or patch dropout), held fixed by the A/Bs of options on
+# top of it that sessions 13-15 recorded; cpu60.yaml has since added SPT and patch dropout.
 RECIPE_MODEL = "the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4)"
 RECIPE_ABOUT = f"{RECIPE_MODEL}, bf16-mixed, fused AdamW"
 RECIPE_FIXED = dict(fused_adam=True, lsa=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import vit  # noqa: F401  first, as the CLI does: MKL's AVX2 kernels on AMD CPUs (vit/mkl_amd.py)
 
@@ -25,6 +27,14 @@ TINY = dict(
     img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0
 )
 TINY_ARGS = {k: v for k, v in TINY.items() if k != "img_size"}  # the same model, ViTClassifier's
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/<name>.py imported as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def random_loader(n: int = 64, *, seed: int = 0) -> DataLoader:

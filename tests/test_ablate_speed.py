@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import REPO
+from tests.conftest import load_script
 
-spec = importlib.util.spec_from_file_location("ablate_speed", REPO / "scripts" / "ablate_speed.py")
-ablate = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ablate)
+ablate = load_script("ablate_speed")
 
 
 def test_master_weights_step_float32_copies_and_copy_them_back(tiny_model) -> None:

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import load_script
 
-spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = load_script("benchmark")
 CFG = dict(width=32, depth=1, heads=2, mlp=64)
 DATA = {"data_pipeline_images_per_s": 1e5, "data_pipeline_trivial_augment_images_per_s": 2500.0}
 

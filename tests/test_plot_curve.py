@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from tests.conftest import REPO
+from tests.conftest import load_script
 
-spec = importlib.util.spec_from_file_location("plot_curve", REPO / "scripts" / "plot_curve.py")
-plot_curve = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(plot_curve)
+plot_curve = load_script("plot_curve")
 
 
 def write_run(folder: Path, values: list[float], *, start: float = 1000.0) -> None:
