@@ -4,64 +4,44 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
 from tests.conftest import CIFAR_ARCHIVE, REPO
-from vit.data import CIFAR10DataModule
+from tests.ddp_step import TINY_CLASSIFIER, one_step
 from vit.lit_module import ViTClassifier
 
-TINY_CLASSIFIER = dict(
-    preset="vit_nano", num_classes=3, patch_size=8, embed_dim=32, depth=2, num_heads=2
-)
+
+def _ddp_step(data: Path, out: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "tests/ddp_step.py"), str(data), str(out), "--devices=2"]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-class SaveGrads(L.Callback):
-    """Rank 0 saves the (all-reduced, under DDP) gradients just before the optimizer step."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if trainer.is_global_zero:
-            grads = {n: p.grad.clone() for n, p in pl_module.model.named_parameters()}
-            torch.save(grads, self.path)
-
-
-def _one_step(data: Path, tmp: Path, name: str, *, batch_size: int, **trainer_kwargs):
-    dm = CIFAR10DataModule(
-        data_dir=str(data),
-        cache_dir=str(tmp / "cache"),
-        batch_size=batch_size,
-        val_size=6,
-        crop_padding=0,
-        hflip=False,
-    )  # no augmentation: same pixels
-    torch.manual_seed(0)
-    module = ViTClassifier(**TINY_CLASSIFIER, warmup_epochs=0.0, lr=1e-2)
-    trainer = L.Trainer(
-        max_steps=1,
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[SaveGrads(str(tmp / f"{name}.pt"))],
-        **trainer_kwargs,
+def _load(out: Path) -> tuple[dict, dict]:
+    return (
+        torch.load(out / "weights.pt", weights_only=True),
+        torch.load(out / "grads.pt", weights_only=True),
     )
-    trainer.fit(module, dm)
-    weights = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
-    return weights, torch.load(tmp / f"{name}.pt", weights_only=True)
 
 
 def test_ddp_step_equals_single_process_on_the_global_batch(image_tree: Path, tmp_path) -> None:
-    w1, g1 = _one_step(image_tree, tmp_path, "single", batch_size=16, devices=1)
-    w2, g2 = _one_step(image_tree, tmp_path, "ddp", batch_size=8, devices=2, strategy="ddp_spawn")
+    one_step(image_tree, tmp_path / "single", batch_size=16, devices=1)
+    w1, g1 = _load(tmp_path / "single")
+    out = tmp_path / "ddp"
+    proc = _ddp_step(image_tree, out)
+    if proc.returncode < 0:  # killed by a signal, not a wrong answer: gloo's processes sometimes
+        # abort (SIGABRT) on CI machines, as in Lightning's own CI (Lightning-AI/pytorch-lightning
+        # #20620, #20933); say so and run once more, from scratch. A second crash fails.
+        warnings.warn(
+            f"DDP step died with signal {-proc.returncode}: {proc.stderr[-2000:]}", stacklevel=1
+        )
+        out = tmp_path / "ddp-again"
+        proc = _ddp_step(image_tree, out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    w2, g2 = _load(out)
     torch.manual_seed(0)
     initial = ViTClassifier(**TINY_CLASSIFIER).model.state_dict()
     for name, grad in g1.items():  # DDP's averaged gradient == the global batch's gradient

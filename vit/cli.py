@@ -184,6 +184,8 @@ def train_main(args: list[str] | None = None) -> None:
         args=args,
         save_config_kwargs={"overwrite": True},
     )
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # under DDP: shut down before the interpreter
 
 
 def exit_on_user_error(run: Callable[[], Any]) -> None:
