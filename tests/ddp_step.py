@@ -8,17 +8,16 @@ starts rank 1 by running this same command again (as `vit-train --trainer.strate
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+import vit  # noqa: F401  first, as the CLI and the tests do: MKL's kernels (vit/mkl_amd.py)
+
+# isort: split
 import lightning as L
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `tests` importable from the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vit.data import CIFAR10DataModule  # noqa: E402
-from vit.lit_module import ViTClassifier  # noqa: E402
+from vit.data import CIFAR10DataModule
+from vit.lit_module import ViTClassifier
 
 TINY_CLASSIFIER = dict(
     preset="vit_nano", num_classes=3, patch_size=8, embed_dim=32, depth=2, num_heads=2
