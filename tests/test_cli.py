@@ -117,6 +117,22 @@ def test_a_run_records_the_precision_it_trained_with(
     assert saved["trainer"]["precision"] == "32-true"
 
 
+def test_vit_train_from_the_command_line_adds_fit_without_lightnings_args_warning(
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    runs = tmp_path / "runs"
+    args = train_args(image_tree, runs, "--trainer.max_epochs=1")
+    assert args[0] == "fit"
+    monkeypatch.setattr("sys.argv", ["vit-train", *args[1:]])  # as typed: no subcommand
+    train_main()
+    assert (runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt").is_file()  # fit ran
+    lightning_warnings = [str(w.message) for w in recwarn if "args parameter" in str(w.message)]
+    assert lightning_warnings == []
+
+
 def test_class_count_mismatch_is_reported(image_tree: Path, tmp_path: Path) -> None:
     args = train_args(image_tree, tmp_path / "runs")
     args[args.index("--model.num_classes=3")] = "--model.num_classes=10"

@@ -46,6 +46,12 @@ class ViTCLI(LightningCLI):
             "warning); false keeps the bf16 precision asked for",
         )
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        # train_main always passes args (sys.argv[1:], with `fit` put first where it was left
+        # out), so Lightning's "do not provide both args and command line arguments" warning
+        # would fire on every run; parse them as LightningCLI does, without it.
+        self.config = parser.parse_args(args)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
