@@ -3,7 +3,11 @@
 python scripts/plot_curve.py runs/cifar10/version_0 [more runs] --out experiments/curve.png
 
 Beside the picture it writes the points it plotted (curve.csv: run, step, minutes, value), so a
-later session can compare its runs with these after the run folders are gone.
+later session can compare its runs with these after the run folders are gone:
+
+python scripts/plot_curve.py runs/cpu60/version_0 --labels "today's run" \
+    --from-csv experiments/results/cpu60-s16/curve.csv \
+    --only "cpu60.yaml (+ SPT + patch dropout), seed 0" --out experiments/results/today/curve.png
 """
 
 from __future__ import annotations
@@ -28,7 +32,30 @@ def read_curve(run: Path, tag: str) -> tuple[list[float], list[float], list[int]
     return minutes, [p.value for p in points], [p.step for p in points]
 
 
-def write_points(path: Path, curves: dict[str, tuple[list[float], list[float], list[int]]]) -> None:
+Curve = tuple[list[float], list[float], list[int]]
+
+
+def read_points(path: Path) -> dict[str, Curve]:
+    """The curves of a curve.csv this script wrote earlier, by label."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; pass a curve.csv written by this script.")
+    curves: dict[str, Curve] = {}
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames != ["run", "step", "minutes", "value"]:
+            raise ValueError(
+                f"{path} has columns {reader.fieldnames}; expected run, step, minutes, value "
+                "(a curve.csv written by this script)."
+            )
+        for row in reader:
+            minutes, values, steps = curves.setdefault(row["run"], ([], [], []))
+            minutes.append(float(row["minutes"]))
+            values.append(float(row["value"]))
+            steps.append(int(row["step"]))
+    return curves
+
+
+def write_points(path: Path, curves: dict[str, Curve]) -> None:
     """Every plotted point as one CSV row: run label, step, minutes, value."""
     with path.open("w", newline="") as f:
         out = csv.writer(f)
@@ -40,16 +67,43 @@ def write_points(path: Path, curves: dict[str, tuple[list[float], list[float], l
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("runs", type=Path, nargs="+", help="run folders holding TensorBoard events")
+    p.add_argument("runs", type=Path, nargs="*", help="run folders holding TensorBoard events")
     p.add_argument("--tag", default="val/acc")
     p.add_argument("--labels", nargs="*", default=None)
+    p.add_argument(
+        "--from-csv",
+        type=Path,
+        action="append",
+        default=[],
+        help="also plot the curves of a curve.csv written earlier (repeatable)",
+    )
+    p.add_argument(
+        "--only", nargs="+", default=None, help="labels to take from the --from-csv files"
+    )
     p.add_argument("--title", default="")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if not args.runs and not args.from_csv:
+        p.error("give at least one run folder or --from-csv file")
     labels = args.labels or [str(r) for r in args.runs]
+    if len(labels) != len(args.runs):
+        p.error(
+            f"--labels has {len(labels)} labels for {len(args.runs)} run folders; give one per folder"
+        )
     curves = {
         label: read_curve(run, args.tag) for label, run in zip(labels, args.runs, strict=True)
     }
+    earlier: dict[str, Curve] = {}
+    for path in args.from_csv:
+        earlier.update(read_points(path))  # written with its own --tag: keep them alike
+    if args.only is not None:
+        missing = [label for label in args.only if label not in earlier]
+        if missing:
+            p.error(
+                f"--only: no run {missing} in the --from-csv files; they have {sorted(earlier)}"
+            )
+        earlier = {label: earlier[label] for label in args.only}
+    curves.update(earlier)
     fig = plot_learning_curves(
         {label: c[:2] for label, c in curves.items()}, title=args.title, ylabel=args.tag
     )

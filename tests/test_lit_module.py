@@ -386,6 +386,23 @@ def test_fused_adamw_makes_the_same_updates_as_the_default(tmp_path) -> None:
     torch.testing.assert_close(weights[1], weights[0], atol=1e-5, rtol=0)
 
 
+def test_gradient_clipping_works_with_fused_adamw_in_bf16(tmp_path) -> None:
+    """Lightning refuses to clip for a fused optimizer (a float16 loss-scaler guard); bf16-mixed
+    has no scaler, so ViTClassifier clips itself: the fused run lands where Lightning's own
+    clipping with the default AdamW lands, and not where the unclipped run does."""
+    weights = {}
+    for fused, clip in ((True, 0.01), (None, 0.01), (True, None)):
+        torch.manual_seed(0)
+        module = ViTClassifier(preset="vit_nano", **TINY_ARGS, fused_adamw=fused, warmup_epochs=0)
+        trainer = quiet_trainer(
+            tmp_path, max_steps=3, max_epochs=1, precision="bf16-mixed", gradient_clip_val=clip
+        )
+        trainer.fit(module, random_loader(48))
+        weights[fused, clip] = flat(module)
+    torch.testing.assert_close(weights[True, 0.01], weights[None, 0.01], atol=1e-5, rtol=0)
+    assert (weights[True, 0.01] - weights[True, None]).abs().max() > 1e-4
+
+
 def test_torch_compile_trains_like_eager_and_saves_eager_names(tmp_path) -> None:
     """torch_compile is a speed setting only: three compiled steps land on the eager steps'
     weights (fp32), and the checkpoint holds the eager model's names, so loading it for

@@ -53,3 +53,49 @@ def test_main_writes_the_picture_and_every_point(tmp_path: Path, monkeypatch) ->
         ("B", 300, 0.7),
     ]
     assert float(rows[-1]["minutes"]) == pytest.approx(2.0)
+
+
+def test_earlier_curves_come_back_from_their_csv(tmp_path: Path, monkeypatch) -> None:
+    """A curve.csv written once plots again beside a new run, after its run folder is gone."""
+    write_run(tmp_path / "old", [0.3, 0.4])
+    first = tmp_path / "first" / "curve.png"
+    argv = ["plot_curve.py", str(tmp_path / "old"), str(tmp_path / "other")]
+    write_run(tmp_path / "other", [0.9])
+    monkeypatch.setattr(sys, "argv", [*argv, "--labels", "OLD", "OTHER", "--out", str(first)])
+    plot_curve.main()
+    assert set(plot_curve.read_points(first.with_suffix(".csv"))) == {"OLD", "OTHER"}
+
+    write_run(tmp_path / "new", [0.5, 0.8])
+    out = tmp_path / "second" / "curve.png"
+    argv = ["plot_curve.py", str(tmp_path / "new"), "--labels", "NEW"]
+    csv_args = ["--from-csv", str(first.with_suffix(".csv")), "--only", "OLD"]
+    monkeypatch.setattr(sys, "argv", [*argv, *csv_args, "--out", str(out)])
+    plot_curve.main()
+    with out.with_suffix(".csv").open() as f:
+        rows = [(r["run"], int(r["step"]), float(r["value"])) for r in csv.DictReader(f)]
+    assert rows == [("NEW", 100, 0.5), ("NEW", 200, 0.8), ("OLD", 100, 0.3), ("OLD", 200, 0.4)]
+
+
+def test_from_csv_refuses_unknown_labels_and_foreign_files(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    points = tmp_path / "curve.csv"
+    points.write_text("run,step,minutes,value\nA,100,1.00,0.5000\n")
+    out = str(tmp_path / "o.png")
+    monkeypatch.setattr(
+        sys, "argv", ["plot_curve.py", "--from-csv", str(points), "--only", "B", "--out", out]
+    )
+    with pytest.raises(SystemExit):
+        plot_curve.main()
+    err = capsys.readouterr().err
+    assert "no run ['B']" in err and "they have ['A']" in err
+    other = tmp_path / "metrics.csv"
+    other.write_text("epoch,step,val/acc\n1,100,0.5\n")
+    with pytest.raises(ValueError, match="expected run, step, minutes, value"):
+        plot_curve.read_points(other)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        plot_curve.read_points(tmp_path / "missing.csv")
+    monkeypatch.setattr(sys, "argv", ["plot_curve.py", "--out", out])
+    with pytest.raises(SystemExit):
+        plot_curve.main()
+    assert "at least one run folder or --from-csv file" in capsys.readouterr().err

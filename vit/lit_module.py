@@ -12,6 +12,8 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -372,6 +374,26 @@ class ViTClassifier(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """`trainer.gradient_clip_val` with fused AdamW under bf16-mixed: clip here.
+
+        Lightning refuses to clip for any optimizer that unscales gradients itself (fused AdamW),
+        which guards float16's loss scaler. bf16-mixed has no scaler, so the gradients are already
+        true gradients and clipping them before the fused step is exact: do it with the plain
+        precision plugin's clipping. Everything else (float16, fp32, FSDP) goes to Lightning.
+        """
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
 
 def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
