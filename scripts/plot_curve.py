@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from vit.plots import plot_learning_curves
+from vit.plots import plot_learning_curves, save_figure
 
 
 def read_curve(run: Path, tag: str) -> tuple[list[float], list[float], list[int]]:
@@ -108,7 +108,7 @@ def main() -> None:
         {label: c[:2] for label, c in curves.items()}, title=args.title, ylabel=args.tag
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    save_figure(fig, args.out, dpi=110)
     write_points(args.out.with_suffix(".csv"), curves)
     for label, (minutes, values, _) in curves.items():
         print(f"{label}: {len(values)} points, last {values[-1]:.4f} at {minutes[-1]:.1f} min")

@@ -94,3 +94,17 @@ def test_callback_logs_attention_images_to_tensorboard(image_tree: Path, tmp_pat
     assert {"attention/rollout", "attention/layers_heads_0"} <= set(events.Tags()["images"])
     with pytest.raises(ValueError, match="every_n_epochs=0"):
         AttentionMapLogger(every_n_epochs=0)
+
+
+def test_save_figure_writes_the_png_and_closes_the_figure(tmp_path: Path) -> None:
+    """Scripts writing many figures (vit-visualize, vit-evaluate, plot_curve) keep none open."""
+    import matplotlib.pyplot as plt
+    import torch
+
+    from vit.plots import plot_confusion_matrix, save_figure
+
+    fig = plot_confusion_matrix(torch.eye(3, dtype=torch.long), classes=["a", "b", "c"])
+    assert fig.number in plt.get_fignums()
+    save_figure(fig, tmp_path / "cm.png", dpi=50)
+    assert fig.number not in plt.get_fignums()
+    assert _size(tmp_path / "cm.png")[0] > 0

@@ -287,14 +287,14 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
 
     out = ns.output_dir or ns.checkpoint.parent.parent / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    from vit.plots import plot_confusion_matrix  # matplotlib only when writing figures
+    from vit.plots import plot_confusion_matrix, save_figure  # matplotlib only for figures
 
     confusion = result.pop("confusion_matrix")
     fig = plot_confusion_matrix(
         torch.tensor(confusion), classes=classes, title=f"{ns.split}: top-1 {result['top1']:.2%}"
     )
     stem = ns.split if ns.weights is None else f"{ns.split}_{ns.weights}"  # one file per choice
-    fig.savefig(out / f"confusion_matrix_{stem}.png", dpi=120, bbox_inches="tight")
+    save_figure(fig, out / f"confusion_matrix_{stem}.png", dpi=120, bbox_inches="tight")
     result["confusion_matrix"] = confusion
     (out / f"metrics_{stem}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "confusion_matrix"}, indent=2))

@@ -12,6 +12,14 @@ from matplotlib.figure import Figure  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 
+def save_figure(fig: Figure, path, **savefig_kwargs) -> None:
+    """Write a figure to a file and close it, so that a script writing many keeps none open."""
+    try:
+        fig.savefig(path, **savefig_kwargs)
+    finally:
+        plt.close(fig)
+
+
 def plot_confusion_matrix(confusion: Tensor, *, classes: list[str], title: str = "") -> Figure:
     """Row-normalised confusion matrix (rows: true class, columns: predicted), counts annotated."""
     counts = confusion.float()

@@ -156,11 +156,10 @@ def run_visualize(argv: list[str] | None = None) -> list[Path]:
             f"{len(existing)} file(s) would be overwritten, e.g. {existing[0]}; pass --overwrite "
             f"or choose another --output-dir."
         )
-    import matplotlib.pyplot as plt
+    from vit.plots import save_figure
 
     ns.output_dir.mkdir(parents=True, exist_ok=True)
     for path, fig in zip(paths, figures.values(), strict=True):
-        fig.savefig(path, dpi=100)  # no bbox cropping: pixel size = figsize x dpi
-        plt.close(fig)
+        save_figure(fig, path, dpi=100)  # no bbox cropping: pixel size = figsize x dpi
     print(f"wrote {len(paths)} PNGs to {ns.output_dir}")
     return paths
