@@ -20,8 +20,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from vit.plots import plot_learning_curves, save_figure
 
+Curve = tuple[list[float], list[float], list[int]]  # minutes, values, steps
 
-def read_curve(run: Path, tag: str) -> tuple[list[float], list[float], list[int]]:
+
+def read_curve(run: Path, tag: str) -> Curve:
     """(minutes since the run's first logged event, values, steps) of one scalar tag."""
     events = EventAccumulator(str(run), size_guidance={"scalars": 0}).Reload()
     if tag not in events.Tags()["scalars"]:
@@ -30,9 +32,6 @@ def read_curve(run: Path, tag: str) -> tuple[list[float], list[float], list[int]
     points = events.Scalars(tag)
     minutes = [(p.wall_time - start) / 60 for p in points]
     return minutes, [p.value for p in points], [p.step for p in points]
-
-
-Curve = tuple[list[float], list[float], list[int]]
 
 
 def read_points(path: Path) -> dict[str, Curve]:
@@ -95,7 +94,7 @@ def main() -> None:
     }
     earlier: dict[str, Curve] = {}
     for path in args.from_csv:
-        earlier.update(read_points(path))  # written with its own --tag: keep them alike
+        earlier.update(read_points(path))  # points of the --tag it was written with
     if args.only is not None:
         missing = [label for label in args.only if label not in earlier]
         if missing:
