@@ -6,8 +6,11 @@ Beside the picture it writes the points it plotted (curve.csv: run, step, minute
 later session can compare its runs with these after the run folders are gone:
 
 python scripts/plot_curve.py runs/cpu60/version_0 --labels "today's run" \
-    --from-csv experiments/results/cpu60-s16/curve.csv \
-    --only "cpu60.yaml (+ SPT + patch dropout), seed 0" --out experiments/results/today/curve.png
+    --from-csv experiments/results/cpu60-s22/curve.csv \
+    --only "cpu60.yaml (depth 4), seed 0" --rename "cpu60.yaml (depth 4), seed 0" "the recipe, seed 0" \
+    --out experiments/results/today/curve.png
+
+(--only picks curves from the --from-csv files; --rename shows one under a new label.)
 """
 
 from __future__ import annotations
@@ -79,6 +82,14 @@ def main() -> None:
     p.add_argument(
         "--only", nargs="+", default=None, help="labels to take from the --from-csv files"
     )
+    p.add_argument(
+        "--rename",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("OLD", "NEW"),
+        help="show a --from-csv curve under a new label (repeatable)",
+    )
     p.add_argument("--title", default="")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -102,6 +113,10 @@ def main() -> None:
                 f"--only: no run {missing} in the --from-csv files; they have {sorted(earlier)}"
             )
         earlier = {label: earlier[label] for label in args.only}
+    renames = dict(args.rename)
+    if missing := [old for old in renames if old not in earlier]:
+        p.error(f"--rename: no run {missing} among the --from-csv curves {sorted(earlier)}")
+    earlier = {renames.get(label, label): curve for label, curve in earlier.items()}
     curves.update(earlier)
     fig = plot_learning_curves(
         {label: c[:2] for label, c in curves.items()}, title=args.title, ylabel=args.tag

@@ -75,6 +75,12 @@ def test_earlier_curves_come_back_from_their_csv(tmp_path: Path, monkeypatch) ->
         rows = [(r["run"], int(r["step"]), float(r["value"])) for r in csv.DictReader(f)]
     assert rows == [("NEW", 100, 0.5), ("NEW", 200, 0.8), ("OLD", 100, 0.3), ("OLD", 200, 0.4)]
 
+    renamed = tmp_path / "third" / "curve.png"
+    csv_args = ["--from-csv", str(first.with_suffix(".csv")), "--rename", "OLD", "BEFORE"]
+    monkeypatch.setattr(sys, "argv", ["plot_curve.py", *csv_args, "--out", str(renamed)])
+    plot_curve.main()
+    assert set(plot_curve.read_points(renamed.with_suffix(".csv"))) == {"BEFORE", "OTHER"}
+
 
 def test_from_csv_refuses_unknown_labels_and_foreign_files(
     tmp_path: Path, monkeypatch, capsys
@@ -89,6 +95,14 @@ def test_from_csv_refuses_unknown_labels_and_foreign_files(
         plot_curve.main()
     err = capsys.readouterr().err
     assert "no run ['B']" in err and "they have ['A']" in err
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["plot_curve.py", "--from-csv", str(points), "--rename", "B", "C", "--out", out],
+    )
+    with pytest.raises(SystemExit):
+        plot_curve.main()
+    assert "--rename: no run ['B'] among the --from-csv curves ['A']" in capsys.readouterr().err
     other = tmp_path / "metrics.csv"
     other.write_text("epoch,step,val/acc\n1,100,0.5\n")
     with pytest.raises(ValueError, match="expected run, step, minutes, value"):
