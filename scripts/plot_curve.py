@@ -106,16 +106,18 @@ def main() -> None:
     earlier: dict[str, Curve] = {}
     for path in args.from_csv:
         earlier.update(read_points(path))  # points of the --tag it was written with
-    if args.only is not None:
-        missing = [label for label in args.only if label not in earlier]
-        if missing:
+
+    def require(flag: str, labels) -> None:
+        if missing := [label for label in labels if label not in earlier]:
             p.error(
-                f"--only: no run {missing} in the --from-csv files; they have {sorted(earlier)}"
+                f"{flag}: no run {missing} among the --from-csv curves; they have {sorted(earlier)}"
             )
+
+    if args.only is not None:
+        require("--only", args.only)
         earlier = {label: earlier[label] for label in args.only}
     renames = dict(args.rename)
-    if missing := [old for old in renames if old not in earlier]:
-        p.error(f"--rename: no run {missing} among the --from-csv curves {sorted(earlier)}")
+    require("--rename", renames)
     earlier = {renames.get(label, label): curve for label, curve in earlier.items()}
     curves.update(earlier)
     fig = plot_learning_curves(

@@ -102,7 +102,9 @@ def test_from_csv_refuses_unknown_labels_and_foreign_files(
     )
     with pytest.raises(SystemExit):
         plot_curve.main()
-    assert "--rename: no run ['B'] among the --from-csv curves ['A']" in capsys.readouterr().err
+    assert "--rename: no run ['B'] among the --from-csv curves; they have ['A']" in (
+        capsys.readouterr().err
+    )
     other = tmp_path / "metrics.csv"
     other.write_text("epoch,step,val/acc\n1,100,0.5\n")
     with pytest.raises(ValueError, match="expected run, step, minutes, value"):
