@@ -118,8 +118,13 @@ def main() -> None:
         earlier = {label: earlier[label] for label in args.only}
     renames = dict(args.rename)
     require("--rename", renames)
-    earlier = {renames.get(label, label): curve for label, curve in earlier.items()}
-    curves.update(earlier)
+    shown = [*labels, *(renames.get(label, label) for label in earlier)]
+    if clashes := sorted({label for label in shown if shown.count(label) > 1}):
+        p.error(
+            f"two curves would be shown as {clashes}; give each its own label "
+            "(--labels for run folders, --rename or --only for --from-csv curves)"
+        )
+    curves.update({renames.get(label, label): curve for label, curve in earlier.items()})
     fig = plot_learning_curves(
         {label: c[:2] for label, c in curves.items()}, title=args.title, ylabel=args.tag
     )

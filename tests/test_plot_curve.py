@@ -115,3 +115,32 @@ def test_from_csv_refuses_unknown_labels_and_foreign_files(
     with pytest.raises(SystemExit):
         plot_curve.main()
     assert "at least one run folder or --from-csv file" in capsys.readouterr().err
+
+
+def test_refuses_two_curves_under_one_label(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A run folder and a --from-csv curve (or a rename) sharing a label would hide one curve."""
+    points = tmp_path / "curve.csv"
+    points.write_text("run,step,minutes,value\nA,100,1.00,0.5000\nB,100,1.00,0.6000\n")
+    write_run(tmp_path / "run", [0.7])
+    out = tmp_path / "o.png"
+    cases = {
+        "folder vs csv": [str(tmp_path / "run"), "--labels", "A", "--from-csv", str(points)],
+        "rename onto csv": ["--from-csv", str(points), "--rename", "A", "B"],
+        "rename onto folder": [
+            *[str(tmp_path / "run"), "--labels", "C", "--from-csv", str(points)],
+            *["--rename", "A", "C"],
+        ],
+        "two folders": [str(tmp_path / "run"), str(tmp_path / "run"), "--labels", "D", "D"],
+    }
+    for name, args in cases.items():
+        monkeypatch.setattr(sys, "argv", ["plot_curve.py", *args, "--out", str(out)])
+        with pytest.raises(SystemExit):
+            plot_curve.main()
+        err = capsys.readouterr().err
+        assert "two curves would be shown as" in err, name
+        assert not out.exists(), name
+    # Renaming out of the way is the fix the message names.
+    args = [str(tmp_path / "run"), "--labels", "A", "--from-csv", str(points), "--rename", "A", "E"]
+    monkeypatch.setattr(sys, "argv", ["plot_curve.py", *args, "--out", str(out)])
+    plot_curve.main()
+    assert set(plot_curve.read_points(out.with_suffix(".csv"))) == {"A", "B", "E"}
