@@ -42,6 +42,11 @@ times the same model's stages at the batch sizes given against batch 128, interl
 writes experiments/benchmarks/batch_sizes_<sizes>.{json,md}: images/s per stage, since the batch
 size decides how many optimizer steps the 60-minute recipe's hour buys.
 
+    python scripts/ablate_speed.py --mlp-ratio     # today's depth-4 model: MLP ratio 2 vs 4
+
+times the curriculum's stages of the depth-4 recipe model (LSA, SPT) with MLP ratio 2 and 4, and
+writes experiments/benchmarks/mlp_ratio.{json,md}: what the wider MLP costs in steps.
+
     python scripts/ablate_speed.py --loop           # the whole training loop vs its bare step
 
 times the same model's bare step (random 32x32 input, as above) against Lightning's fit loop on
@@ -160,6 +165,7 @@ def resolution_step(
     precision: str = "bf16-mixed",
     kernel: str = "explicit",
     mlp_ratio: float = 2.0,
+    depth: int = 6,
     lsa: bool = False,
     spt: bool = False,
     patch_drop: bool = False,
@@ -175,6 +181,7 @@ def resolution_step(
     model = create_model(
         "vit_tiny",
         mlp_ratio=mlp_ratio,
+        depth=depth,
         dynamic_img_size=True,
         kernel=kernel,
         lsa=lsa,
@@ -271,15 +278,17 @@ def stages_ab(
     flag: str,
     stem: str,
     about: str,
+    values: tuple = (False, True),
     **fixed: object,
 ) -> None:
-    """The curriculum's stages (16, 24, 32) with resolution_step's `option` off and on."""
+    """The curriculum's stages (16, 24, 32) with resolution_step's `option` at its two `values`
+    (off and on unless given), named `names`."""
     steps = {
-        f"{side}x{side} {names[on]}": resolution_step(
-            side=side, batch=args.batch, **{option: on}, **fixed
+        f"{side}x{side} {name}": resolution_step(
+            side=side, batch=args.batch, **{option: value}, **fixed
         )
         for side in (16, 24, 32)
-        for on in (False, True)
+        for name, value in zip(names, values, strict=True)
     }
     time_and_write(
         steps,
@@ -327,6 +336,17 @@ STAGE_ABS = {
         stem="patch_drop",
         about=f"{RECIPE_ABOUT}; every patch token vs half of them dropped "
         "(model.patch_drop_rate 0.5)",
+        **RECIPE_FIXED,
+    ),
+    "mlp_ratio": dict(
+        option="mlp_ratio",
+        values=(2.0, 4.0),
+        names=("mlp-ratio-2", "mlp-ratio-4"),
+        stem="mlp_ratio",
+        about="the cpu60 model of session 22 (width 192, depth 4, 3 heads, patch 4, LSA, SPT, "
+        "all tokens), bf16-mixed, fused AdamW; MLP ratio 2 (the recipe's) vs 4",
+        depth=4,
+        spt=True,
         **RECIPE_FIXED,
     ),
 }
@@ -668,6 +688,9 @@ def main() -> None:
     p.add_argument("--spt", action="store_true", help="curriculum stages: patches vs SPT")
     p.add_argument(
         "--patch-drop", action="store_true", help="curriculum stages: all tokens vs half dropped"
+    )
+    p.add_argument(
+        "--mlp-ratio", action="store_true", help="curriculum stages at depth 4: MLP ratio 2 vs 4"
     )
     p.add_argument(
         "--fast-step", action="store_true", help="curriculum stages: bf16-mixed vs full, compile"

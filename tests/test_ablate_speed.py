@@ -39,3 +39,34 @@ def test_full_bf16_variant_puts_the_model_in_bf16(tiny_model) -> None:
     assert any(
         not torch.equal(p.float(), b) for p, b in zip(tiny_model.parameters(), before, strict=True)
     )
+
+
+def test_mlp_ratio_stages_build_the_two_models_they_name(monkeypatch) -> None:
+    """--mlp-ratio times depth-4 models whose MLP hidden width is 2x and 4x the embedding."""
+    built = {}
+
+    def fake_step(*, side, batch, **cfg):
+        built[(side, cfg["mlp_ratio"])] = cfg
+        return lambda: None
+
+    monkeypatch.setattr(ablate, "resolution_step", fake_step)
+    written = {}
+    monkeypatch.setattr(ablate, "time_and_write", lambda steps, **kw: written.update(steps=steps))
+    args = ablate.argparse.Namespace(batch=8, rounds=1)
+    ablate.stages_ab(args, flag="--mlp-ratio", **ablate.STAGE_ABS["mlp_ratio"])
+    assert sorted(written["steps"]) == sorted(
+        f"{s}x{s} mlp-ratio-{r}" for s in (16, 24, 32) for r in (2, 4)
+    )
+    assert sorted(built) == [(s, r) for s in (16, 24, 32) for r in (2.0, 4.0)]
+    assert all(c["depth"] == 4 and c["spt"] and c["lsa"] for c in built.values())
+    monkeypatch.undo()  # the real resolution_step builds the depth and MLP it is given
+    import vit.model
+
+    made = {}
+    real = vit.model.create_model
+    monkeypatch.setattr(
+        vit.model, "create_model", lambda *a, **kw: made.update(kw) or real(*a, **kw)
+    )
+    step = ablate.resolution_step(side=16, batch=2, fused_adam=False, depth=4, mlp_ratio=4.0)
+    assert made["depth"] == 4 and made["mlp_ratio"] == 4.0
+    step()  # and its step runs
