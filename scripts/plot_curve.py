@@ -100,9 +100,6 @@ def main() -> None:
         p.error(
             f"--labels has {len(labels)} labels for {len(args.runs)} run folders; give one per folder"
         )
-    curves = {
-        label: read_curve(run, args.tag) for label, run in zip(labels, args.runs, strict=True)
-    }
     earlier: dict[str, Curve] = {}
     for path in args.from_csv:
         earlier.update(read_points(path))  # points of the --tag it was written with
@@ -118,13 +115,18 @@ def main() -> None:
         earlier = {label: earlier[label] for label in args.only}
     renames = dict(args.rename)
     require("--rename", renames)
-    shown = [*labels, *(renames.get(label, label) for label in earlier)]
+    renamed = [(renames.get(label, label), curve) for label, curve in earlier.items()]
+    shown = [*labels, *(label for label, _ in renamed)]
     if clashes := sorted({label for label in shown if shown.count(label) > 1}):
         p.error(
             f"two curves would be shown as {clashes}; give each its own label "
             "(--labels for run folders, --rename or --only for --from-csv curves)"
         )
-    curves.update({renames.get(label, label): curve for label, curve in earlier.items()})
+    # The run folders' event files are read only once every label check has passed.
+    curves = {
+        label: read_curve(run, args.tag) for label, run in zip(labels, args.runs, strict=True)
+    }
+    curves.update(renamed)
     fig = plot_learning_curves(
         {label: c[:2] for label, c in curves.items()}, title=args.title, ylabel=args.tag
     )
