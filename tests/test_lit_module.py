@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics.classification import MulticlassAccuracy
 
 from tests.conftest import TINY_ARGS, head_products, quiet_trainer, random_loader
 from vit.embed import sincos_2d_table
@@ -251,6 +252,43 @@ def test_test_flip_scores_the_mean_of_image_and_mirror(tmp_path) -> None:
     assert loss[0]["test/loss"] == pytest.approx(expected.item(), rel=1e-5)
     unflipped = F.cross_entropy(plain(x), y).item()
     assert loss[0]["test/loss"] != pytest.approx(unflipped, rel=1e-5)
+
+
+def test_accuracy_is_the_fraction_of_images_right_on_an_unbalanced_split(tmp_path) -> None:
+    """val/acc and test/acc are top-1 over images (vit-evaluate's and timm's number), not the mean
+    of the per-class accuracies (torchmetrics' default), which differ on an unbalanced split."""
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS)
+    with torch.no_grad():  # the model answers class 0 for every image
+        module.model.head.weight.zero_()
+        module.model.head.bias.copy_(torch.arange(10, 0, -1, dtype=torch.float))
+    x = torch.randn(32, 3, 32, 32)
+    y = torch.tensor([0] * 24 + [1] * 8)  # 24 of class 0 right, 8 of class 1 wrong
+    loader = DataLoader(TensorDataset(x, y), batch_size=16)
+    trainer = quiet_trainer(tmp_path)
+    val = trainer.validate(module, loader, verbose=False)[0]
+    test = trainer.test(module, loader, verbose=False)[0]
+    assert val["val/acc"] == pytest.approx(0.75)  # per-class mean: (1 + 0) / 2 = 0.5
+    assert test["test/acc"] == pytest.approx(0.75)
+
+
+def test_checkpoints_with_per_class_accuracy_counts_still_load(tmp_path) -> None:
+    """Checkpoints from before the micro average hold per-class counts (shape (10,)): they load,
+    summed into the micro counts a fresh metric would have made from the same batches."""
+    old = MulticlassAccuracy(num_classes=10, top_k=1)  # the macro default those were saved with
+    new = ViTClassifier(preset="vit_nano", **TINY_ARGS)
+    logits, labels = torch.randn(40, 10), torch.randint(0, 10, (40,))
+    old.update(logits, labels)
+    new.metrics["val_acc1"].update(logits, labels)
+    expected = {k: v.clone() for k, v in new.state_dict().items() if k.startswith("metrics.")}
+    state = new.state_dict()
+    for name in ("tp", "fp", "tn", "fn"):
+        state[f"metrics.val_acc1.{name}"] = getattr(old, name).clone()
+    checkpoint = {"state_dict": state, "current_model_state": dict(state)}
+    new.on_load_checkpoint(checkpoint)
+    for key in ("state_dict", "current_model_state"):
+        new.load_state_dict(checkpoint[key])  # strict: a shape left at (10,) would raise
+        for name, value in expected.items():
+            assert torch.equal(new.state_dict()[name], value), name
 
 
 def test_mixup_and_cutmix_train_on_soft_targets(tmp_path, monkeypatch) -> None:

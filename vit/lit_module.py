@@ -168,10 +168,15 @@ class ViTClassifier(L.LightningModule):
             )
         )
         # One metric object per stage and k, so that states never mix (Lightning's advice).
+        # average="micro": the fraction of images right, as vit-evaluate and timm report it
+        # (torchmetrics' default, "macro", is the mean of the per-class accuracies: the same on
+        # a balanced split such as CIFAR-10's test, not on a random validation split).
         self.top_ks = sorted({1, min(5, num_classes)})  # top-5, or top-k for fewer classes
         self.metrics = nn.ModuleDict(
             {
-                f"{stage}_acc{k}": MulticlassAccuracy(num_classes=num_classes, top_k=k)
+                f"{stage}_acc{k}": MulticlassAccuracy(
+                    num_classes=num_classes, top_k=k, average="micro"
+                )
                 for stage in ("train", "val", "test")
                 for k in self.top_ks
             }
@@ -322,7 +327,28 @@ class ViTClassifier(L.LightningModule):
         if torch.cuda.is_available():
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
 
+    def _micro_metric_states(self, state_dict: dict[str, Any]) -> None:
+        """Sum per-class accuracy counts (`metrics.*.tp` etc., shape (C,)) into the micro counts
+        (1,) this module keeps, in place. Checkpoints from before val/acc became micro (session
+        24) hold torchmetrics' macro counts; summed over classes they are exactly the micro
+        counts, so a resume goes on. (Top-k > 1 keeps per-class counts either way.)"""
+        own = self.state_dict(keep_vars=True)
+        for key, value in list(state_dict.items()):
+            mine = own.get(key)
+            if (
+                key.startswith("metrics.")
+                and isinstance(value, Tensor)
+                and mine is not None
+                and tuple(mine.shape) == (1,)
+                and value.dim() == 1
+                and value.numel() > 1
+            ):
+                state_dict[key] = value.sum().reshape(1).to(mine.dtype)
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        for key in ("state_dict", "current_model_state"):  # the latter: the EMA's live weights
+            if isinstance(checkpoint.get(key), dict):
+                self._micro_metric_states(checkpoint[key])
         self._elapsed_before = float(checkpoint.get("train_elapsed_s", 0.0))
         state = checkpoint.get("rng_state") or {}
         if "torch" in state:
