@@ -271,7 +271,7 @@ def test_accuracy_is_the_fraction_of_images_right_on_an_unbalanced_split(tmp_pat
     assert test["test/acc"] == pytest.approx(0.75)
 
 
-def test_checkpoints_with_per_class_accuracy_counts_still_load(tmp_path) -> None:
+def test_checkpoints_with_per_class_accuracy_counts_still_load() -> None:
     """Checkpoints from before the micro average hold per-class counts (shape (10,)): they load,
     summed into the micro counts a fresh metric would have made from the same batches."""
     old = MulticlassAccuracy(num_classes=10, top_k=1)  # the macro default those were saved with

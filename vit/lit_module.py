@@ -332,13 +332,12 @@ class ViTClassifier(L.LightningModule):
         (1,) this module keeps, in place. Checkpoints from before val/acc became micro (session
         24) hold torchmetrics' macro counts; summed over classes they are exactly the micro
         counts, so a resume goes on. (Top-k > 1 keeps per-class counts either way.)"""
-        own = self.state_dict(keep_vars=True)
+        own = self.metrics.state_dict(prefix="metrics.", keep_vars=True)
         for key, value in list(state_dict.items()):
             mine = own.get(key)
             if (
-                key.startswith("metrics.")
+                mine is not None
                 and isinstance(value, Tensor)
-                and mine is not None
                 and tuple(mine.shape) == (1,)
                 and value.dim() == 1
                 and value.numel() > 1
