@@ -2,14 +2,17 @@
 
     python scripts/benchmark.py                      # the full table (peers: pip install -e ".[bench]")
     python scripts/benchmark.py --quick              # fewer repeats, batch 128 only
+    python scripts/benchmark.py --device cuda --name gpu   # the same table on a GPU
 
 Every model is built at the same configuration (width, depth, heads, MLP width, patch, image size,
 classes). For each precision, full training steps (forward, backward, AdamW step) and inference
 forwards are timed interleaved across models, round after round, after warm-up; the median of the
 rounds is reported, so a slow moment of the machine hits every model alike. Peak memory is the
-growth of the process's peak RSS over one training step, measured in a fresh subprocess per model.
-The data pipeline (decoded uint8 tensors, batched crop + flip, normalisation) is timed alone on one
-thread. Results go to experiments/benchmarks/ as JSON and Markdown.
+growth of the process's peak RSS over two training steps, measured in a fresh subprocess per model
+(on a GPU: the growth of the allocator's peak). The data pipeline (decoded uint8 tensors, batched
+crop + flip, normalisation) is timed alone on one thread (on a GPU: loading on one thread,
+augmentation on the GPU, as in training). Results go to experiments/benchmarks/ as JSON and
+Markdown.
 """
 
 from __future__ import annotations
@@ -100,16 +103,18 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def make_steps(model: nn.Module, *, batch: int, precision: str) -> tuple[Callable, Callable]:
-    """(train_step, infer_step) closures on fixed random data."""
+def make_steps(
+    model: nn.Module, *, batch: int, precision: str, device: str = "cpu"
+) -> tuple[Callable, Callable]:
+    """(train_step, infer_step) closures on fixed random data, on the model's device."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, IMG, IMG, generator=g)
-    y = torch.randint(0, NUM_CLASSES, (batch,), generator=g)
+    x = torch.randn(batch, 3, IMG, IMG, generator=g).to(device)
+    y = torch.randint(0, NUM_CLASSES, (batch,), generator=g).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     bf16 = precision == "bf16-mixed"
 
     def autocast():
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
 
     def train_step() -> None:
         model.train()
@@ -127,17 +132,34 @@ def make_steps(model: nn.Module, *, batch: int, precision: str) -> tuple[Callabl
     return train_step, infer_step
 
 
-def time_interleaved(steps: dict[str, Callable], *, warmup: int, rounds: int) -> dict[str, float]:
-    """Median seconds per call of each step, rounds interleaved across the steps."""
+def synchronizer(device: str) -> Callable[[], None]:
+    """What waits for the device's queued work: a GPU runs kernels after the call returns."""
+    dev = torch.device(device)
+    return (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+
+
+def time_interleaved(
+    steps: dict[str, Callable],
+    *,
+    warmup: int,
+    rounds: int,
+    sync: Callable[[], None] = lambda: None,
+    repeat: int = 1,
+) -> dict[str, float]:
+    """Median seconds per call of each step, rounds interleaved across the steps; each timing
+    covers `repeat` calls (queued back to back, then `sync`) and is divided by it."""
     for fn in steps.values():
         for _ in range(warmup):
             fn()
+    sync()
     times: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(rounds):
         for name, fn in steps.items():
             t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
+            for _ in range(repeat):
+                fn()
+            sync()
+            times[name].append((time.perf_counter() - t) / repeat)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -159,19 +181,23 @@ def matmul_ceiling(
     mlp: int,
     dtype: torch.dtype,
     sizes: tuple[int, ...] = (2048, 4096),
+    device: str = "cpu",
 ) -> dict[str, float]:
     """The most images/s a training step could reach here if only its matrix products took
     time and each ran at this machine's best GEMM rate: that of large square products (the
     step's own, skinny ones run slower), fastest of 3 after a warm-up."""
     g = torch.Generator().manual_seed(0)
+    sync = synchronizer(device)
     peak = 0.0
     for n in sizes:
-        a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
+        a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
         a @ b
+        sync()
         times = []
         for _ in range(3):
             t = time.perf_counter()
             a @ b
+            sync()
             times.append(time.perf_counter() - t)
         peak = max(peak, 2 * n**3 / min(times) / 1e9)
     gflop = training_gflop_per_image(width=width, depth=depth, heads=heads, mlp=mlp)
@@ -182,12 +208,15 @@ def matmul_ceiling(
     }
 
 
-def ceiling_table(configs: list[tuple[dict, list[int]]], precs: tuple[str, ...]) -> list[dict]:
+def ceiling_table(
+    configs: list[tuple[dict, list[int]]], precs: tuple[str, ...], device: str = "cpu"
+) -> list[dict]:
     """matmul_ceiling for each configuration (any batch) and precision."""
+    sizes = (4096, 8192) if torch.device(device).type == "cuda" else (2048, 4096)
     rows = []
     for cfg, _batches in configs:
         for precision in precs:
-            ceiling = matmul_ceiling(**cfg, dtype=PRECISIONS[precision])
+            ceiling = matmul_ceiling(**cfg, dtype=PRECISIONS[precision], sizes=sizes, device=device)
             row = dict(**cfg, precision=precision, **ceiling)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -210,14 +239,43 @@ def peak_memory_mb(name: str, cfg: dict, batch: int, precision: str) -> float | 
     return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
 
 
-def memory_table(cfg: dict, precs: tuple[str, ...], batch: int = 128) -> dict[str, float | None]:
+def peak_gpu_memory_mb(
+    name: str, cfg: dict, batch: int, precision: str, device: str
+) -> float | None:
+    """Growth of the GPU allocator's peak over two training steps (optimizer state included)."""
+    model = build(name, **cfg)
+    if model is None:
+        return None
+    step, _ = make_steps(model.to(device), batch=batch, precision=precision, device=device)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    step()
+    torch.cuda.synchronize(device)
+    return round((torch.cuda.max_memory_allocated(device) - before) / 2**20, 1)
+
+
+def memory_table(
+    cfg: dict, precs: tuple[str, ...], batch: int = 128, device: str = "cpu"
+) -> dict[str, float | None]:
+    if torch.device(device).type == "cuda":
+        return {
+            f"{n} {p}": peak_gpu_memory_mb(n, cfg, batch, p, device) for n in MODELS for p in precs
+        }
     return {f"{n} {p}": peak_memory_mb(n, cfg, batch, p) for n in MODELS for p in precs}
 
 
 def bench_data(
-    batch: int = 128, repeats: int = 3, *, trivial: bool = False, max_batches: int | None = None
+    batch: int = 128,
+    repeats: int = 3,
+    *,
+    trivial: bool = False,
+    max_batches: int | None = None,
+    device: str = "cpu",
 ) -> float:
-    """Images/s of the data pipeline alone (loader + batched augmentation + normalise), 1 thread.
+    """Images/s of the data pipeline alone (loader + batched augmentation + normalise), 1 thread;
+    on a GPU the batches are augmented there after the transfer, as in training.
 
     `trivial` adds TrivialAugment (per image, the full-length recipe's setting)."""
     from vit.augment import TrainAugment
@@ -234,20 +292,28 @@ def bench_data(
         data, batch_size=batch, shuffle=True, drop_last=True, collate_fn=collate_batch
     )
     augment = TrainAugment(padding=4, hflip=True, trivial=trivial)
+    sync = synchronizer(device)
     rates = []
     for _ in range(repeats):
         t, n = time.perf_counter(), 0
         for i, (images, _labels) in enumerate(loader):
             if max_batches is not None and i == max_batches:
                 break
-            preprocess(augment(images))
+            preprocess(augment(images.to(device)))
             n += images.shape[0]
+        sync()
         rates.append(n / (time.perf_counter() - t))
     torch.set_num_threads(threads)
     return statistics.median(rates)
 
 
+def gpu_name(device: str) -> str | None:
+    dev = torch.device(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+
+
 def run(args: argparse.Namespace) -> dict:
+    device, sync = args.device, synchronizer(args.device)
     results = {
         "machine": {
             "cpu": cpu_name(),
@@ -257,21 +323,31 @@ def run(args: argparse.Namespace) -> dict:
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "cuda": torch.cuda.is_available(),
+            "device": device,
+            "gpu": gpu_name(device),
         },
         "command": "python scripts/benchmark.py " + " ".join(args.argv),
         "rows": [],
     }
-    results["matmul_ceiling"] = ceiling_table(args.configs, args.precisions)
+    results["matmul_ceiling"] = ceiling_table(args.configs, args.precisions, device)
     for cfg, batches in args.configs:
         for batch in batches:
             for precision in args.precisions:
-                models = {n: m for n in MODELS if (m := build(n, **cfg)) is not None}
+                models = {n: m.to(device) for n in MODELS if (m := build(n, **cfg)) is not None}
                 for kind in ("train", "infer"):
                     steps = {
-                        n: make_steps(m, batch=batch, precision=precision)[kind == "infer"]
+                        n: make_steps(m, batch=batch, precision=precision, device=device)[
+                            kind == "infer"
+                        ]
                         for n, m in models.items()
                     }
-                    secs = time_interleaved(steps, warmup=args.warmup, rounds=args.rounds)
+                    secs = time_interleaved(
+                        steps,
+                        warmup=args.warmup,
+                        rounds=args.rounds,
+                        sync=sync,
+                        repeat=args.repeat,
+                    )
                     for n, s in secs.items():
                         row = dict(
                             **cfg,
@@ -285,10 +361,10 @@ def run(args: argparse.Namespace) -> dict:
                         print(json.dumps(row), flush=True)
     if args.memory:
         cfg, batch = args.configs[0][0], 128
-        results["peak_memory_mb"] = memory_table(cfg, args.precisions, batch)
-    results["data_pipeline_images_per_s"] = round(bench_data(), 0)
+        results["peak_memory_mb"] = memory_table(cfg, args.precisions, batch, device)
+    results["data_pipeline_images_per_s"] = round(bench_data(device=device), 0)
     results["data_pipeline_trivial_augment_images_per_s"] = round(
-        bench_data(trivial=True, max_batches=40), 0
+        bench_data(trivial=True, max_batches=40, device=device), 0
     )
     return results
 
@@ -325,30 +401,30 @@ def to_markdown(results: dict) -> str:
             )
     lines += summary_lines(results)
     trivial = results.get("data_pipeline_trivial_augment_images_per_s")
+    on_gpu = results["machine"].get("device", "cpu").startswith("cuda")
+    where = "1 loader thread, augmentation on the GPU" if on_gpu else "1 thread"
     lines += [
         "",
-        f"Data pipeline alone (1 thread): {results['data_pipeline_images_per_s']:.0f} img/s; "
+        f"Data pipeline alone ({where}): {results['data_pipeline_images_per_s']:.0f} img/s; "
         + (f"with TrivialAugment: {trivial:.0f} img/s" if trivial else "TrivialAugment not timed"),
     ]
     if "peak_memory_mb" in results:
         lines += [
             "",
-            "Peak memory of two training steps above the level before them (width 192, "
-            "batch 128), MB"
+            ("Peak GPU memory (allocator)" if on_gpu else "Peak memory")
+            + " of two training steps above the level before them (width 192, batch 128), MB"
             + (f" (`{results['memory_command']}`)" if "memory_command" in results else "")
             + ":",
             "",
         ]
         lines += [f"- {k}: {v}" for k, v in results["peak_memory_mb"].items()]
-    lines += [
-        "",
-        "GPU: "
-        + (
-            "measured above"
-            if results["machine"]["cuda"]
-            else "not measured (no GPU on this machine)"
-        ),
-    ]
+    if on_gpu:
+        gpu = f"measured above ({results['machine'].get('gpu')})"
+    elif results["machine"]["cuda"]:
+        gpu = "not measured in this run (`--device cuda` measures it)"
+    else:
+        gpu = "not measured (no GPU on this machine)"
+    lines += ["", "GPU: " + gpu]
     return "\n".join(lines) + "\n"
 
 
@@ -417,21 +493,38 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="time bf16-mixed even on a CPU without native bf16 (skipped there by default)",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where to time the steps: cpu (default) or cuda[:N], where a GPU is available",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="steps per timing (default 1 on a CPU, 10 on a GPU, where one step is too short)",
+    )
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
+    on_gpu = torch.device(args.device).type == "cuda"
+    if on_gpu and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
+    args.repeat = args.repeat or (10 if on_gpu else 1)
     tiny = dict(width=192, depth=6, heads=3, mlp=768)
     wide = dict(width=384, depth=6, heads=6, mlp=1536)
     args.configs = [(tiny, [128])] if args.quick else [(tiny, [128, 64, 256]), (wide, [128])]
     args.rounds = args.rounds or (5 if args.quick else 7)
-    args.warmup = 2
-    args.precisions = precisions(args.bf16)
+    args.warmup = 5 if on_gpu else 2  # a GPU's first steps also pick kernels
+    args.precisions = tuple(PRECISIONS) if on_gpu else precisions(args.bf16)
     if args.ceiling_only:
         results = json.loads((OUT / f"{args.name}.json").read_text())
-        results["matmul_ceiling"] = ceiling_table(args.configs, args.precisions)
+        results["matmul_ceiling"] = ceiling_table(args.configs, args.precisions, args.device)
         results["ceiling_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
     elif args.memory_only:
         results = json.loads((OUT / f"{args.name}.json").read_text())
-        results["peak_memory_mb"] = memory_table(args.configs[0][0], args.precisions)
+        results["peak_memory_mb"] = memory_table(
+            args.configs[0][0], args.precisions, device=args.device
+        )
         results["memory_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
     else:
         results = run(args)

@@ -88,3 +88,49 @@ def test_flop_count_of_a_training_step_is_what_torch_counts() -> None:
     expected = bench.training_gflop_per_image(**cfg)
     assert abs(every_token - expected) / expected < 0.01, (every_token, expected)
     assert ours < 0.9 * every_token, (ours, every_token)
+
+
+def test_timing_waits_for_the_device_and_divides_by_the_repeats() -> None:
+    """On a GPU a call returns before its kernels run: each timing ends with `sync`, once per
+    `repeat` calls queued back to back, and is divided by `repeat`."""
+    calls: list[str] = []
+    steps = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    secs = bench.time_interleaved(
+        steps, warmup=1, rounds=2, sync=lambda: calls.append("sync"), repeat=3
+    )
+    assert set(secs) == {"a", "b"} and all(s >= 0 for s in secs.values())
+    timed = ["a", "a", "a", "sync", "b", "b", "b", "sync"]
+    assert calls == ["a", "b", "sync", *timed, *timed]
+    assert bench.synchronizer("cpu")() is None  # nothing to wait for on a CPU
+
+
+def test_gpu_table_says_where_it_ran() -> None:
+    rows = [
+        dict(**CFG, batch=4, precision="bf16-mixed", kind="train", model="ours", images_per_s=9.0)
+    ]
+    machine = {"cuda": True, "device": "cuda", "gpu": "NVIDIA H200"}
+    table = bench.to_markdown({"command": "x", "machine": machine, "rows": rows} | DATA)
+    assert "GPU: measured above (NVIDIA H200)" in table
+    assert "1 loader thread, augmentation on the GPU" in table
+    machine = {"cuda": True, "device": "cpu"}  # a GPU was there but the run timed the CPU
+    table = bench.to_markdown({"command": "x", "machine": machine, "rows": rows} | DATA)
+    assert "GPU: not measured in this run" in table
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cuda", "--quick"])
+    assert "no CUDA GPU is visible here; use --device cpu" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_steps_and_memory_run_on_the_gpu() -> None:
+    model = bench.build("ours", **CFG).to("cuda")
+    train, infer = bench.make_steps(model, batch=4, precision="bf16-mixed", device="cuda")
+    train()
+    infer()
+    assert bench.peak_gpu_memory_mb("ours", CFG, 4, "bf16-mixed", "cuda") > 0
+    assert bench.bench_data(batch=8, repeats=1, max_batches=2, device="cuda") > 0
