@@ -44,6 +44,7 @@ def test_train_checkpoint_evaluate_end_to_end(image_tree_tgz: Path, tmp_path: Pa
     with Image.open(tmp_path / "eval" / "confusion_matrix_test.png") as png:
         assert png.format == "PNG" and png.size[0] > 100
     assert result["flip"] is False  # the checkpoint's model.test_flip
+    assert result["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device auto
     flipped = run_evaluate([str(last), "--flip", "--output-dir", str(tmp_path / "eval_flip")])
     assert flipped["flip"] is True and flipped["num_images"] == 12
 
@@ -205,3 +206,27 @@ def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) 
         evaluate_main([str(tmp_path / "missing.ckpt")])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("error: checkpoint")
+
+
+def test_evaluate_device_is_checked_before_anything_loads(monkeypatch, tmp_path, capsys) -> None:
+    from vit.cli import evaluate_main, resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    for name, message in [
+        ("cuda", "no CUDA GPU is visible here; use --device cpu"),
+        ("gpu0", "expected auto, cpu, cuda or cuda:N"),
+        ("meta", "expected auto, cpu, cuda or cuda:N"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            resolve_device(name)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match="has 2 CUDA GPU.*cuda:0 to cuda:1"):
+        resolve_device("cuda:2")
+    # the device error comes first, even for a checkpoint that does not exist
+    with pytest.raises(SystemExit):
+        evaluate_main([str(tmp_path / "missing.ckpt"), "--device", "cuda:5"])
+    assert "cuda:5" in capsys.readouterr().err

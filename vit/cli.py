@@ -203,6 +203,28 @@ def exit_on_user_error(run: Callable[[], Any]) -> None:
         raise SystemExit(2) from None
 
 
+def resolve_device(name: str) -> torch.device:
+    """`--device`: auto (CUDA when visible, else CPU), cpu, cuda or cuda:N, checked here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N.") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N.")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--device {name}: no CUDA GPU is visible here; use --device cpu.")
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"--device {name}: this machine has {count} CUDA GPU(s), cuda:0 to "
+                f"cuda:{count - 1}."
+            )
+    return device
+
+
 def evaluate_main(argv: list[str] | None = None) -> None:
     """`vit-evaluate CHECKPOINT [--split test] [--data-dir ...] [--output-dir ...]`."""
     exit_on_user_error(lambda: run_evaluate(argv))
@@ -244,6 +266,12 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--weights", choices=WEIGHTS, default=None, help=WEIGHTS_HELP)
     parser.add_argument(
+        "--device",
+        default="auto",
+        help="where to run: auto (a CUDA GPU when one is visible, else the CPU), cpu, cuda or "
+        "cuda:N",
+    )
+    parser.add_argument(
         "--output-dir",
         type=Path,
         default=None,
@@ -253,7 +281,9 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
+    device = resolve_device(ns.device)  # before the checkpoint loads: a typo fails at once
     model, ckpt = load_model(ns.checkpoint, weights=ns.weights)
+    model.to(device)
     weights = ns.weights or weights_kind(ckpt)
     hparams = ckpt.get("hyper_parameters") or {}
     dm = CIFAR10DataModule.from_checkpoint(
@@ -282,6 +312,7 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         split=ns.split,
         weights=weights,
         flip=flip,
+        device=str(device),
         data=dict(dm.hparams),
     )
 
