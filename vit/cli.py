@@ -210,8 +210,8 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N.") from None
-    if device.type not in ("cpu", "cuda"):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N.")
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
