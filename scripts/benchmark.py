@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.cli import cpu_has_fast_bf16
+from vit.cli import cpu_has_fast_bf16, resolve_device
 from vit.model import VisionTransformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,10 +132,13 @@ def make_steps(
     return train_step, infer_step
 
 
+def on_cuda(device: str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
 def synchronizer(device: str) -> Callable[[], None]:
     """What waits for the device's queued work: a GPU runs kernels after the call returns."""
-    dev = torch.device(device)
-    return (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    return (lambda: torch.cuda.synchronize(device)) if on_cuda(device) else (lambda: None)
 
 
 def time_interleaved(
@@ -212,7 +215,7 @@ def ceiling_table(
     configs: list[tuple[dict, list[int]]], precs: tuple[str, ...], device: str = "cpu"
 ) -> list[dict]:
     """matmul_ceiling for each configuration (any batch) and precision."""
-    sizes = (4096, 8192) if torch.device(device).type == "cuda" else (2048, 4096)
+    sizes = (4096, 8192) if on_cuda(device) else (2048, 4096)
     rows = []
     for cfg, _batches in configs:
         for precision in precs:
@@ -259,7 +262,7 @@ def peak_gpu_memory_mb(
 def memory_table(
     cfg: dict, precs: tuple[str, ...], batch: int = 128, device: str = "cpu"
 ) -> dict[str, float | None]:
-    if torch.device(device).type == "cuda":
+    if on_cuda(device):
         return {
             f"{n} {p}": peak_gpu_memory_mb(n, cfg, batch, p, device) for n in MODELS for p in precs
         }
@@ -308,8 +311,7 @@ def bench_data(
 
 
 def gpu_name(device: str) -> str | None:
-    dev = torch.device(device)
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else None
+    return torch.cuda.get_device_name(device) if on_cuda(device) else None
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -401,7 +403,7 @@ def to_markdown(results: dict) -> str:
             )
     lines += summary_lines(results)
     trivial = results.get("data_pipeline_trivial_augment_images_per_s")
-    on_gpu = results["machine"].get("device", "cpu").startswith("cuda")
+    on_gpu = on_cuda(results["machine"].get("device", "cpu"))
     where = "1 loader thread, augmentation on the GPU" if on_gpu else "1 thread"
     lines += [
         "",
@@ -496,7 +498,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--device",
         default="cpu",
-        help="where to time the steps: cpu (default) or cuda[:N], where a GPU is available",
+        help="where to time the steps: cpu (default), cuda[:N] where a GPU is available, or auto",
     )
     p.add_argument(
         "--repeat",
@@ -506,9 +508,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    on_gpu = torch.device(args.device).type == "cuda"
-    if on_gpu and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: no CUDA GPU is visible here; use --device cpu")
+    try:  # vit-evaluate's check: a clear error for no GPU, a bad name or index
+        args.device = str(resolve_device(args.device))
+    except ValueError as err:
+        p.error(str(err))
+    on_gpu = on_cuda(args.device)
     args.repeat = args.repeat or (10 if on_gpu else 1)
     tiny = dict(width=192, depth=6, heads=3, mlp=768)
     wide = dict(width=384, depth=6, heads=6, mlp=1536)
