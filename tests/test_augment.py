@@ -204,3 +204,30 @@ def test_mixing_off_gives_one_hot_and_bad_values_fail() -> None:
     assert torch.equal(out, images) and torch.equal(targets, F.one_hot(labels, 3).float())
     with pytest.raises(ValueError, match="must be >= 0"):
         mix_batch(images, labels, num_classes=3, cutmix_alpha=-1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_augmentation_never_makes_the_host_wait() -> None:
+    """Crop, flip, TrivialAugment, mixing and normalize on a GPU batch with CPU-drawn randomness
+    queue their work without a host sync (each sync costs a launch-bound step its overlap), and
+    TrivialAugment's GPU way gives the CPU way's images."""
+    images = _images(64).cuda()
+    labels = torch.arange(64, device="cuda") % 10
+    augment = TrainAugment(trivial=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for seed in range(4):
+            out = augment(images, generator=torch.Generator().manual_seed(seed))
+            mixed, _ = mix_batch(
+                normalize(out, MEAN, STD), labels, num_classes=10, mixup_alpha=0.8,
+                cutmix_alpha=1.0,
+            )  # fmt: skip
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert mixed.shape == (64, 3, 32, 32)
+    on_gpu = trivial_augment(images, generator=torch.Generator().manual_seed(9))
+    on_cpu = trivial_augment(images.cpu(), generator=torch.Generator().manual_seed(9))
+    # grid_sample and the blends may round a pixel differently on the two devices
+    assert (on_gpu.cpu().int() - on_cpu.int()).abs().max() <= 1
+    assert (on_gpu.cpu() == on_cpu).float().mean() > 0.999

@@ -475,3 +475,16 @@ def test_split_seed_fixes_the_validation_split_while_seed_changes_the_rest() -> 
     assert not torch.equal(a[1], c[1])
     with pytest.raises(ValueError, match="split_seed must be an integer >= 0"):
         CIFAR10DataModule(split_seed=-1)
+
+
+def test_loaders_pin_batches_only_for_a_gpu(image_tree: Path) -> None:
+    """Pinned batches reach a GPU without making the host wait; on a CPU pinning is waste."""
+    dm = _datamodule(image_tree)
+    dm.setup("fit")
+    pinned = {}
+    for device in (None, "cpu", "cuda"):
+        dm.trainer = device and SimpleNamespace(
+            strategy=SimpleNamespace(root_device=torch.device(device)), training=False
+        )
+        pinned[device] = (dm.train_dataloader().pin_memory, dm.val_dataloader().pin_memory)
+    assert pinned == {None: (False, False), "cpu": (False, False), "cuda": (True, True)}

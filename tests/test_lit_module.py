@@ -97,6 +97,7 @@ def test_sizes_come_from_the_preset_unless_overridden() -> None:
         (dict(mixup_alpha=-0.2), "mixup_alpha=-0.2"),
         (dict(cutmix_alpha=1.0, mix_prob=2.0), "mix_prob=2.0 in \\[0, 1\\]"),
         (dict(lr_decay="step"), "lr_decay='step' is not a schedule shape"),
+        (dict(compile_mode="fast"), "compile_mode='fast': expected one of .*reduce-overhead"),
     ],
 )
 def test_bad_values_fail_clearly(kwargs: dict, message: str) -> None:
@@ -469,6 +470,23 @@ def test_torch_compile_trains_like_eager_and_saves_eager_names(tmp_path) -> None
     x = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(x), modules[1].eval()(x), atol=1e-4, rtol=1e-4)
+
+
+def test_compile_mode_reaches_torch_compile(monkeypatch) -> None:
+    import vit.lit_module
+
+    monkeypatch.setattr(vit.lit_module, "check_cpp_compiler", lambda: None)
+    seen = []
+    for mode in ("default", "reduce-overhead"):
+        module = ViTClassifier(
+            preset="vit_nano", **TINY_ARGS, torch_compile=True, compile_mode=mode
+        )
+        monkeypatch.setattr(module.model, "compile", lambda **kw: seen.append(kw))
+        module.on_fit_start()
+    assert seen == [
+        dict(dynamic=False, mode="default"),
+        dict(dynamic=False, mode="reduce-overhead"),
+    ]
 
 
 def test_torch_compile_without_a_cpp_compiler_fails_at_fit_start(monkeypatch) -> None:

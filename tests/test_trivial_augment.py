@@ -84,3 +84,16 @@ def test_rotate_by_90_degrees_is_rot90() -> None:
 def test_unknown_op_names_the_choices() -> None:
     with pytest.raises(ValueError, match="unknown TrivialAugment op 'Blur'"):
         apply_op("Blur", images(n=2), torch.zeros(2))
+
+
+def test_ungrouped_ops_give_the_grouped_images() -> None:
+    """The GPU way (every op on the whole batch, each image keeps its own op's result) draws and
+    computes the same images as the CPU way (each op on the images that drew it)."""
+    x = images(n=256)
+    for seed in range(3):
+        grouped = trivial_augment_batch(x, generator=torch.Generator().manual_seed(seed))
+        ungrouped = trivial_augment_batch(
+            x, generator=torch.Generator().manual_seed(seed), grouped=False
+        )
+        assert torch.equal(grouped, ungrouped), seed
+    assert torch.equal(x, images(n=256))  # the input is not modified

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vit.trivial_augment import trivial_augment_batch
+from vit.trivial_augment import to_device, trivial_augment_batch
 
 
 def _check_batch(images: Tensor, *, name: str) -> None:
@@ -49,7 +49,7 @@ def random_crop(
     padded = F.pad(images, (padding, padding, padding, padding))  # (B, C, Hp, Wp)
     device = _draw_device(images, generator)
     offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator, device=device)
-    top, left = offsets.to(images.device)  # (B,), (B,): window corners in [0, 2p]
+    top, left = to_device(offsets, images.device)  # (B,), (B,): window corners in [0, 2p]
     rows = top[:, None] + torch.arange(h, device=images.device)  # (B, H)
     cols = left[:, None] + torch.arange(w, device=images.device)  # (B, W)
     # flat index of each window pixel in the (Hp * Wp) plane; one gather is ~5x faster than
@@ -68,7 +68,7 @@ def random_hflip(
         raise ValueError(f"random_hflip p must be a probability in [0, 1], got {p}.")
     b, c, h, w = images.shape
     device = _draw_device(images, generator)
-    flip = torch.rand(b, generator=generator, device=device).to(images.device) < p  # (B,)
+    flip = to_device(torch.rand(b, generator=generator, device=device), images.device) < p
     j = torch.arange(w, device=images.device)
     cols = torch.where(flip[:, None], w - 1 - j, j)  # (B, W): source column of each output column
     # a gather keeps it free of host syncs on GPU (unlike boolean indexing) and beats torch.where
@@ -92,8 +92,8 @@ def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Te
         )
     if any(s <= 0 for s in std):
         raise ValueError(f"normalize std values must all be > 0, got {tuple(std)}.")
-    mean_t = torch.tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    mean_t = to_device(torch.tensor(mean, dtype=torch.float32), images.device).view(1, -1, 1, 1)
+    std_t = to_device(torch.tensor(std, dtype=torch.float32), images.device).view(1, -1, 1, 1)
     return images.float().div_(255.0).sub_(mean_t).div_(std_t)
 
 
@@ -138,7 +138,9 @@ def mix_batch(
     _check_batch(images, name="mix_batch")
     check_mix_args(mixup_alpha, cutmix_alpha, prob)
     targets = F.one_hot(labels, num_classes).to(torch.float32)
-    draws = torch.rand(3, generator=generator, device=_draw_device(images, generator)).tolist()
+    # drawn on the CPU unless the generator is elsewhere: reading GPU draws would wait for the GPU
+    draws = torch.rand(3, generator=generator, device=generator.device if generator else None)
+    draws = draws.tolist()
     if (mixup_alpha == 0 and cutmix_alpha == 0) or draws[0] >= prob:
         return images, targets
     use_cutmix = cutmix_alpha > 0 and (mixup_alpha == 0 or draws[1] < 0.5)

@@ -238,7 +238,14 @@ class CIFAR10DataModule(L.LightningDataModule):
                 f"no {stage} data yet: call setup({stage!r}) before asking for its dataloader."
             )
         workers = self.hparams.num_workers
-        common = dict(num_workers=workers, collate_fn=collate_batch, persistent_workers=workers > 0)
+        # pinned batches go to a GPU without making the host wait for the GPU's queue
+        pin = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        common = dict(
+            num_workers=workers,
+            collate_fn=collate_batch,
+            persistent_workers=workers > 0,
+            pin_memory=pin,
+        )
         if train:  # order = f(seed, epoch); resumes mid-epoch from a checkpoint
             self._train_loader = ResumableDataLoader(
                 dataset,

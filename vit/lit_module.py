@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import lightning as L
 import torch
@@ -23,6 +23,7 @@ from vit.evaluate import flip_averaged_logits
 from vit.model import VisionTransformer, model_config
 
 Stage = Literal["train", "val", "test"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
 DECAYS = ("cosine", "linear")  # shapes of the learning-rate decay after warm-up
@@ -54,8 +55,8 @@ class ViTClassifier(L.LightningModule):
 
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), patch dropout (`patch_drop_rate`, or by stage of
-    training `patch_drop_schedule`), fused AdamW, torch.compile in fit (`torch_compile`),
-    test-time flip (`test_flip`), and a wall-clock budget (`time_budget_min`): the schedule then
+    training `patch_drop_schedule`), fused AdamW, torch.compile in fit (`torch_compile`, with
+    `compile_mode`), test-time flip (`test_flip`), and a wall-clock budget (`time_budget_min`): the schedule then
     runs on the fraction of the budget used, reaches its end when the time is up, and training
     stops there (after a last validation).
 
@@ -104,6 +105,7 @@ class ViTClassifier(L.LightningModule):
         patch_drop_schedule: list[tuple[float, float]] | None = None,
         fused_adamw: bool | None = None,
         torch_compile: bool = False,
+        compile_mode: CompileMode = "default",
         test_flip: bool = False,
         class_names: list[str] | None = None,
     ) -> None:
@@ -119,6 +121,11 @@ class ViTClassifier(L.LightningModule):
             lr_decay=lr_decay,
         )
         check_mix_args(mixup_alpha, cutmix_alpha, mix_prob)
+        if compile_mode not in get_args(CompileMode):
+            raise ValueError(
+                f"compile_mode={compile_mode!r}: expected one of {get_args(CompileMode)} "
+                "(torch.compile's modes; reduce-overhead adds CUDA graphs on a GPU)."
+            )
         self.res_schedule = _check_res_schedule(res_schedule, patch_size=patch_size)
         self.patch_drop_schedule = _check_patch_drop_schedule(patch_drop_schedule)
         if patch_drop_schedule is not None and patch_drop_rate != 0:
@@ -141,6 +148,8 @@ class ViTClassifier(L.LightningModule):
         self._elapsed_before = 0.0  # seconds of budget used before a resume
         self._total_steps = 1
         self._progress = 0.0
+        # on a GPU, the last training loss on its way to the host: (value, copied, where)
+        self._pending_loss: tuple[Tensor, Any, tuple[int, int, int]] | None = None
         self.model = VisionTransformer(
             **model_config(
                 preset,
@@ -175,7 +184,12 @@ class ViTClassifier(L.LightningModule):
         self.metrics = nn.ModuleDict(
             {
                 f"{stage}_acc{k}": MulticlassAccuracy(
-                    num_classes=num_classes, top_k=k, average="micro"
+                    num_classes=num_classes,
+                    top_k=k,
+                    average="micro",
+                    # its label check (torch.unique) makes a GPU wait on every step; training
+                    # labels come from the data module, so only evaluation checks them
+                    validate_args=stage != "train",
                 )
                 for stage in ("train", "val", "test")
                 for k in self.top_ks
@@ -195,7 +209,7 @@ class ViTClassifier(L.LightningModule):
         if self.hparams.torch_compile:
             if self.device.type == "cpu":
                 check_cpp_compiler()
-            self.model.compile(dynamic=False)
+            self.model.compile(dynamic=False, mode=self.hparams.compile_mode)
 
     def setup(self, stage: str) -> None:
         """Check that the data's classes match the head, and remember their names."""
@@ -299,16 +313,51 @@ class ViTClassifier(L.LightningModule):
         return loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        self._check_pending_loss()
         loss = self._shared_step(batch, "train")
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"training loss is {loss.item()} at step {self.global_step} (epoch "
-                f"{self.current_epoch}, batch {batch_idx}); stopping so that no checkpoint holds "
-                f"diverged weights. Lower model.lr, raise warmup_epochs, or use precision "
-                f"32-true; resume from the last good checkpoint with --ckpt_path."
-            )
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+        self._check_loss(loss, batch_idx)
+        # a CPU tensor: Lightning would copy a float to the GPU, which waits for the GPU
+        lr = torch.tensor(self.optimizers().param_groups[0]["lr"])
+        self.log("train/lr", lr, on_step=True, on_epoch=False)
         return loss
+
+    def _check_loss(self, loss: Tensor, batch_idx: int) -> None:
+        """Stop on a loss that is not finite, before any checkpoint can hold diverged weights.
+
+        On a CPU the loss is read at once. On a GPU, reading it would make the host wait for the
+        GPU on every step, so it is copied to the host without waiting and read at the start of the
+        next step, before any checkpoint is saved, and when training ends: the error then names
+        the step of the loss all the same."""
+        where = (self.global_step, self.current_epoch, batch_idx)
+        if loss.device.type != "cuda":
+            self._raise_if_not_finite(loss.detach(), where)
+            return
+        host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+        host.copy_(loss.detach(), non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        self._pending_loss = (host, copied, where)
+
+    def _check_pending_loss(self) -> None:
+        if self._pending_loss is not None:
+            host, copied, where = self._pending_loss
+            self._pending_loss = None
+            copied.synchronize()  # the forward that made it is long done: no wait in practice
+            self._raise_if_not_finite(host, where)
+
+    @staticmethod
+    def _raise_if_not_finite(loss: Tensor, where: tuple[int, int, int]) -> None:
+        if not torch.isfinite(loss):
+            step, epoch, batch_idx = where
+            raise FloatingPointError(
+                f"training loss is {loss.item()} at step {step} (epoch {epoch}, batch "
+                f"{batch_idx}); stopping so that no checkpoint holds diverged weights. Lower "
+                f"model.lr, raise warmup_epochs, or use precision 32-true; resume from the last "
+                f"good checkpoint with --ckpt_path."
+            )
+
+    def on_train_end(self) -> None:
+        self._check_pending_loss()
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, "val")
@@ -321,7 +370,10 @@ class ViTClassifier(L.LightningModule):
         return self(images).float().softmax(dim=-1)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep the global RNG state (dropout, drop-path) so that a resumed run draws alike."""
+        """Keep the global RNG state (dropout, drop-path) so that a resumed run draws alike.
+        First, the last training loss must be finite (on a GPU it is read here, see
+        `_check_loss`): an error here stops the save, so no checkpoint holds diverged weights."""
+        self._check_pending_loss()
         checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
         checkpoint["train_elapsed_s"] = self.elapsed_s()
         if torch.cuda.is_available():

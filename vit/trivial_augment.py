@@ -4,6 +4,9 @@ The ops, magnitudes and pixel arithmetic are torchvision's TrivialAugmentWide (v
 interpolation, black fill); a test holds each op to torchvision's per-image result. torchvision
 applies one op to a whole batch, so per-image draws would mean a Python loop over images; here
 every op runs once on the images that drew it, with a magnitude per image: about 5x the images/s.
+On a GPU every op runs on the whole batch instead and each image keeps the result of its own op:
+13x the arithmetic, which a GPU does not notice, but no host sync and a fixed number of kernels
+(picking the images that drew an op needs their count on the host, a sync per op).
 """
 
 from __future__ import annotations
@@ -30,6 +33,16 @@ OPS = (
 )
 SIGNED = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"}
 SIGNED |= {"Brightness", "Color", "Contrast", "Sharpness"}
+
+
+def to_device(draws: Tensor, device: torch.device) -> Tensor:
+    """Random draws made on the CPU, onto `device`. To a GPU through pinned memory, queued without
+    waiting: a copy from pageable memory blocks the host until the GPU's queue has drained."""
+    if draws.device == device:
+        return draws
+    if device.type == "cuda" and draws.device.type == "cpu":
+        return draws.pin_memory().to(device, non_blocking=True)
+    return draws.to(device)
 
 
 def magnitudes(op: str, num_bins: int = 31) -> Tensor | None:
@@ -68,7 +81,7 @@ def _sharpen(images: Tensor, factor: Tensor) -> Tensor:
     """Blend with the 3x3-smoothed image (1s around a 5, over 13), borders untouched."""
     c = images.shape[1]
     a, b = 1.0 / 13.0, 5.0 / 13.0
-    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], device=images.device)
+    kernel = to_device(torch.tensor([[a, a, a], [a, b, a], [a, a, a]]), images.device)
     out = images.float()
     blurred = F.conv2d(out, kernel.expand(c, 1, 3, 3), groups=c).round_()
     inner = out[..., 1:-1, 1:-1]
@@ -98,7 +111,7 @@ def _warp(images: Tensor, theta: Tensor) -> Tensor:
     base = torch.stack(
         [xs.expand(h, w), ys[:, None].expand(h, w), torch.ones(h, w, device=images.device)], -1
     )  # (H, W, 3): pixel centres relative to the image centre, and 1
-    scale = torch.tensor([0.5 * w, 0.5 * h], device=images.device)
+    scale = to_device(torch.tensor([0.5 * w, 0.5 * h]), images.device)
     rescaled = theta.float().transpose(1, 2).div(scale)  # (B, 3, 2)
     grid = base.view(1, h * w, 3).expand(b, -1, -1).bmm(rescaled).view(b, h, w, 2)
     out = F.grid_sample(
@@ -159,14 +172,28 @@ def apply_op(op: str, images: Tensor, magnitude: Tensor) -> Tensor:
 
 
 def trivial_augment_batch(
-    images: Tensor, *, generator: torch.Generator | None = None, num_bins: int = 31
+    images: Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    num_bins: int = 31,
+    grouped: bool | None = None,
 ) -> Tensor:
-    """One op, magnitude bin and sign drawn per image (all from `generator`), ops run batched."""
+    """One op, magnitude bin and sign drawn per image (all from `generator`), ops run batched.
+
+    `grouped` (the default on a CPU) runs each op on only the images that drew it; ungrouped (the
+    default elsewhere) runs every op on the whole batch and keeps each image's own result. The
+    two give the same images."""
     b = images.shape[0]
     device = generator.device if generator is not None else images.device
-    op_index = torch.randint(0, len(OPS), (b,), generator=generator, device=device).cpu()
-    bins = torch.randint(0, num_bins, (b,), generator=generator, device=device).cpu()
-    negative = torch.rand(b, generator=generator, device=device).cpu() <= 0.5
+    op_index = torch.randint(0, len(OPS), (b,), generator=generator, device=device)
+    bins = torch.randint(0, num_bins, (b,), generator=generator, device=device)
+    negative = torch.rand(b, generator=generator, device=device) <= 0.5
+    if grouped is None:
+        grouped = images.device.type == "cpu"
+    if not grouped:
+        draws = to_device(torch.stack([op_index, bins, negative.long()]), images.device)
+        return _ungrouped(images, *draws, num_bins=num_bins)
+    op_index, bins, negative = op_index.cpu(), bins.cpu(), negative.cpu()
     out = images.clone()
     for i, op in enumerate(OPS):
         chosen = (op_index == i).nonzero().flatten()
@@ -178,4 +205,23 @@ def trivial_augment_batch(
             m = torch.where(negative[chosen], -m, m)
         idx = chosen.to(images.device)
         out[idx] = apply_op(op, images[idx], m.to(images.device))
+    return out
+
+
+def _ungrouped(
+    images: Tensor, op_index: Tensor, bins: Tensor, negative: Tensor, *, num_bins: int
+) -> Tensor:
+    """Every op on the whole batch; each image keeps its own op's result (draws on its device)."""
+    out = images
+    for i, op in enumerate(OPS):
+        if op == "Identity":
+            continue
+        table = magnitudes(op, num_bins)
+        if table is None:
+            m = torch.zeros(len(images), device=images.device)
+        else:
+            m = to_device(table, images.device)[bins]
+        if op in SIGNED:
+            m = torch.where(negative.bool(), -m, m)
+        out = torch.where(_per_image(op_index == i), apply_op(op, images, m), out)
     return out
