@@ -488,3 +488,36 @@ def test_loaders_pin_batches_only_for_a_gpu(image_tree: Path) -> None:
         )
         pinned[device] = (dm.train_dataloader().pin_memory, dm.val_dataloader().pin_memory)
     assert pinned == {None: (False, False), "cpu": (False, False), "cuda": (True, True)}
+
+
+def test_augment_in_loader_draws_per_batch_from_its_indices(image_tree: Path) -> None:
+    """Batches augmented where the loader gathers them: the same in any number of worker
+    processes and after a mid-epoch resume, augmented once (not again after the transfer)."""
+    from vit.data import batch_seed
+
+    def batches(num_workers: int = 0, resume: dict | None = None, **kw) -> tuple:
+        dm = _datamodule(image_tree, batch_size=8, num_workers=num_workers, **kw)
+        dm.setup("fit")
+        if resume is not None:
+            dm.load_state_dict({"train_loader": resume})
+        return dm, list(dm.train_dataloader())
+
+    dm, moved = batches(augment_in_loader=True)
+    _, raw = batches()  # the same order, not augmented in the loader
+    assert len(moved) == len(raw) == 3
+    for (a, la), (r, lr) in zip(moved, raw, strict=True):
+        assert a.dtype == torch.uint8 and a.shape == r.shape and torch.equal(la, lr)
+    assert any(not torch.equal(a, r) for (a, _), (r, _) in zip(moved, raw, strict=True))
+    again = batches(augment_in_loader=True)[1]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(moved, again, strict=True))
+    workers = batches(num_workers=2, augment_in_loader=True)[1]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(moved, workers, strict=True))
+    resumed = batches(resume={"epoch": 0, "consumed": 1}, augment_in_loader=True)[1]
+    assert len(resumed) == 2
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(moved[1:], resumed, strict=True))
+    # after the transfer only normalisation: the loader's augmentation is not done twice
+    dm.trainer = SimpleNamespace(training=True, global_step=5, global_rank=0)
+    images, labels = moved[0]
+    assert torch.equal(dm.on_after_batch_transfer((images, labels), 0)[0], preprocess(images))
+    assert batch_seed([1, 2, 3], 0) == batch_seed([1, 2, 3], 0)
+    assert len({batch_seed([1, 2, 3], 0), batch_seed([3, 2, 1], 0), batch_seed([1, 2, 3], 1)}) == 3

@@ -2,11 +2,13 @@
 
 Images live in memory as uint8 tensors (decoded once: vit/folder_source.py). Batches leave the
 DataLoader as uint8 and are augmented and normalized on the training device in
-`on_after_batch_transfer`.
+`on_after_batch_transfer`; with `augment_in_loader` the training batches are augmented on the CPU
+where the loader gathers them (its worker processes, with num_workers > 0) instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from pathlib import Path
 from typing import Any, Literal
@@ -69,6 +71,38 @@ class TensorImageDataset(Dataset):
         return self.images[idx], self.labels[idx]  # (B, 3, H, W), (B,)
 
 
+def batch_seed(indices: list[int], seed: int) -> int:
+    """A 63-bit seed from a batch's indices and the data seed: the same batch draws alike in any
+    process or after a resume; the next epoch's batches (a new permutation) draw afresh."""
+    digest = hashlib.blake2b(
+        torch.as_tensor(indices, dtype=torch.long).numpy().tobytes(),
+        digest_size=8,
+        key=int(seed).to_bytes(8, "little"),
+    ).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class AugmentedDataset(Dataset):
+    """Training batches augmented on the CPU as they are gathered: in the DataLoader's worker
+    processes when num_workers > 0, so that on a GPU the augmentation runs beside the step
+    instead of in it. Draws are seeded per batch by `batch_seed`."""
+
+    def __init__(self, base: TensorImageDataset, augment: TrainAugment, *, seed: int) -> None:
+        self.base, self.augment, self.seed = base, augment, seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        images, labels = self.__getitems__([index])
+        return images[0], labels[0]
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        images, labels = self.base.__getitems__(indices)
+        generator = torch.Generator().manual_seed(batch_seed(indices, self.seed))
+        return self.augment(images, generator=generator), labels
+
+
 def collate_batch(batch: Any) -> Any:
     """Pass an (images, labels) batch from `__getitems__` through; default-collate anything else."""
     if isinstance(batch, tuple) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
@@ -111,7 +145,13 @@ def _check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -
 
 
 class CIFAR10DataModule(L.LightningDataModule):
-    """CIFAR-10 loaders of uint8 batches, augmented and normalized after the device transfer."""
+    """CIFAR-10 loaders of uint8 batches, augmented and normalized after the device transfer.
+
+    `augment_in_loader: true` augments the training batches on the CPU as the loader gathers them
+    instead (with `num_workers` > 0, in its worker processes, beside a GPU's step; with 0, in
+    the main process before the transfer). Each batch's draws then come from its own indices
+    and the seed (`batch_seed`) rather than from the step, so a resumed run still augments alike.
+    """
 
     def __init__(
         self,
@@ -131,6 +171,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         crop_padding: int = 4,
         hflip: bool = True,
         trivial_augment: bool = False,
+        augment_in_loader: bool = False,
         drop_last: bool = True,
     ) -> None:
         super().__init__()
@@ -247,6 +288,8 @@ class CIFAR10DataModule(L.LightningDataModule):
             pin_memory=pin,
         )
         if train:  # order = f(seed, epoch); resumes mid-epoch from a checkpoint
+            if self.hparams.augment_in_loader:
+                dataset = AugmentedDataset(dataset, self.train_augment, seed=self.hparams.seed)
             self._train_loader = ResumableDataLoader(
                 dataset,
                 batch_size=self.hparams.batch_size,
@@ -300,11 +343,12 @@ class CIFAR10DataModule(L.LightningDataModule):
         images, labels = batch
         trainer = self.trainer
         if trainer is not None and trainer.training:
-            # the draws are a function of (seed, step, rank): a resumed run augments alike
-            seed = (
-                self.hparams.seed * 1_000_003 + trainer.global_step
-            ) * 1024 + trainer.global_rank
-            images = self.train_augment(images, generator=torch.Generator().manual_seed(seed))
+            if not self.hparams.augment_in_loader:
+                # the draws are a function of (seed, step, rank): a resumed run augments alike
+                seed = (
+                    self.hparams.seed * 1_000_003 + trainer.global_step
+                ) * 1024 + trainer.global_rank
+                images = self.train_augment(images, generator=torch.Generator().manual_seed(seed))
             if self._train_loader is not None:
                 self._train_loader.count_consumed()  # this batch is trained on: saved on resume
         return self.preprocess(images), labels
