@@ -21,6 +21,7 @@ from vit.attention import Kernel
 from vit.augment import check_mix_args, mix_batch
 from vit.evaluate import flip_averaged_logits
 from vit.model import VisionTransformer, model_config
+from vit.optim import MuonAdamW
 
 Stage = Literal["train", "val", "test"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -55,10 +56,11 @@ class ViTClassifier(L.LightningModule):
 
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), patch dropout (`patch_drop_rate`, or by stage of
-    training `patch_drop_schedule`), fused AdamW, torch.compile in fit (`torch_compile`, with
-    `compile_mode`), test-time flip (`test_flip`), and a wall-clock budget (`time_budget_min`):
-    the schedule then runs on the fraction of the budget used, reaches its end when the time is
-    up, and training stops there (after a last validation).
+    training `patch_drop_schedule`), fused AdamW, Muon for the blocks' matrices (`optimizer`),
+    torch.compile in fit (`torch_compile`, with `compile_mode`), test-time flip (`test_flip`),
+    and a wall-clock budget (`time_budget_min`): the schedule then runs on the fraction of the
+    budget used, reaches its end when the time is up, and training stops there (after a last
+    validation).
 
     Model sizes come from `preset`; any size argument left at None takes the preset's value, so a
     config can say `preset: vit_tiny` and override one thing. Plain values only, so that
@@ -104,6 +106,7 @@ class ViTClassifier(L.LightningModule):
         res_schedule: list[tuple[float, int]] | None = None,
         patch_drop_schedule: list[tuple[float, float]] | None = None,
         fused_adamw: bool | None = None,
+        optimizer: Literal["adamw", "muon"] = "adamw",
         torch_compile: bool = False,
         compile_mode: CompileMode = "default",
         test_flip: bool = False,
@@ -121,6 +124,11 @@ class ViTClassifier(L.LightningModule):
             lr_decay=lr_decay,
         )
         check_mix_args(mixup_alpha, cutmix_alpha, mix_prob)
+        if optimizer not in ("adamw", "muon"):
+            raise ValueError(
+                f"optimizer={optimizer!r}: expected 'adamw', or 'muon' (Muon for the blocks' "
+                "weight matrices, AdamW for the rest: vit/optim.py)."
+            )
         if compile_mode not in get_args(CompileMode):
             raise ValueError(
                 f"compile_mode={compile_mode!r}: expected one of {get_args(CompileMode)} "
@@ -409,12 +417,23 @@ class ViTClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        optimizer = torch.optim.AdamW(
-            param_groups(self.model, weight_decay=hp.weight_decay),
-            lr=hp.lr,
-            betas=tuple(hp.betas),
-            fused=hp.fused_adamw,
-        )
+        if hp.optimizer == "muon":
+            from vit.cli import cpu_has_fast_bf16
+
+            fast_bf16 = self.device.type == "cuda" or cpu_has_fast_bf16()
+            optimizer = MuonAdamW(
+                muon_param_groups(self.model, weight_decay=hp.weight_decay),
+                lr=hp.lr,
+                betas=tuple(hp.betas),
+                ns_dtype=torch.bfloat16 if fast_bf16 else torch.float32,
+            )
+        else:
+            optimizer = torch.optim.AdamW(
+                param_groups(self.model, weight_decay=hp.weight_decay),
+                lr=hp.lr,
+                betas=tuple(hp.betas),
+                fused=hp.fused_adamw,
+            )
         epochs = self.trainer.max_epochs
         if epochs is None or epochs < 1:
             raise ValueError(
@@ -485,6 +504,22 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+def muon_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
+    """A Muon group of the blocks' weight matrices (decayed), then `param_groups` of the rest
+    (patch projection, head, biases, norms, CLS token, positions) for AdamW."""
+    muon = [
+        p
+        for name, p in model.named_parameters()
+        if p.requires_grad and name.startswith("blocks.") and p.ndim == 2
+    ]
+    taken = {id(p) for p in muon}
+    rest = [
+        dict(group, params=[p for p in group["params"] if id(p) not in taken])
+        for group in param_groups(model, weight_decay=weight_decay)
+    ]
+    return [{"params": muon, "weight_decay": weight_decay, "use_muon": True}, *rest]
 
 
 class WarmupCosine:

@@ -1,0 +1,95 @@
+"""Muon with AdamW in one optimizer (vit/optim.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import TINY_ARGS, quiet_trainer, random_loader
+from vit.lit_module import ViTClassifier, muon_param_groups
+from vit.optim import MuonAdamW, orthogonalize
+
+
+@pytest.mark.parametrize("shape", [(8, 24), (24, 8), (16, 16)])
+def test_orthogonalize_sets_every_singular_value_near_one(shape: tuple[int, int]) -> None:
+    """A gradient whose singular values spread over 100x comes out with all of them in the
+    quintic iteration's band around one, and close to U V^T itself."""
+    gen = torch.Generator().manual_seed(0)
+    k = min(shape)
+    u = torch.linalg.qr(torch.randn(shape[0], k, generator=gen))[0]
+    v = torch.linalg.qr(torch.randn(shape[1], k, generator=gen))[0]
+    g = u @ torch.diag(torch.logspace(0, -2, k)) @ v.T
+    s = torch.linalg.svdvals(orthogonalize(g))
+    assert s.min() > 0.6 and s.max() < 1.2, s  # the band, not exactly one
+    cos = torch.nn.functional.cosine_similarity(orthogonalize(g).flatten(), (u @ v.T).flatten(), 0)
+    assert cos > 0.95
+    with pytest.raises(ValueError, match="expects a matrix"):
+        orthogonalize(torch.randn(3, 4, 5))
+
+
+def test_adamw_groups_update_as_torch_adamw() -> None:
+    torch.manual_seed(0)
+    ours, ref = nn.Linear(6, 5), nn.Linear(6, 5)
+    ref.load_state_dict(ours.state_dict())
+
+    def groups(m: nn.Linear) -> list[dict]:
+        return [
+            {"params": [m.weight], "weight_decay": 0.05},
+            {"params": [m.bias], "weight_decay": 0.0},
+        ]
+
+    opt = MuonAdamW(groups(ours), lr=1e-2, betas=(0.9, 0.99))
+    ref_opt = torch.optim.AdamW(groups(ref), lr=1e-2, betas=(0.9, 0.99), foreach=False)
+    for _ in range(5):
+        x = torch.randn(4, 6)
+        for m, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+            o.step()
+    for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_muon_steps_by_the_orthogonalized_momentum_and_decays() -> None:
+    w = nn.Parameter(torch.randn(8, 16))
+    start = w.detach().clone()
+    opt = MuonAdamW([{"params": [w], "use_muon": True}], lr=0.1, weight_decay=0.5, momentum=0.9)
+    w.grad = torch.randn(8, 16)
+    opt.step()
+    # first step: buffer = 0.1 g, look-ahead = g lerp buffer = 0.19 g; orthogonalize ignores scale
+    expected = start * (1 - 0.1 * 0.5) - 0.1 * 0.2 * 16**0.5 * orthogonalize(0.19 * w.grad)
+    torch.testing.assert_close(w.detach(), expected)
+    assert torch.allclose(opt.state[w]["momentum_buffer"], 0.1 * w.grad)
+    with pytest.raises(ValueError, match="matrices only"):
+        MuonAdamW([{"params": [nn.Parameter(torch.zeros(3))], "use_muon": True}])
+    with pytest.raises(ValueError, match="momentum=1.0"):
+        MuonAdamW([{"params": [w]}], momentum=1.0)
+
+
+def test_muon_groups_take_the_blocks_matrices_only() -> None:
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
+    groups = muon_param_groups(module.model, weight_decay=0.05)
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    muon = {names[id(p)] for p in groups[0]["params"]}
+    assert groups[0]["use_muon"] and muon and all(n.startswith("blocks.") for n in muon)
+    assert {n.rsplit(".", 2)[-2] for n in muon} == {"qkv", "proj", "fc1", "fc2"}
+    rest = [names[id(p)] for g in groups[1:] for p in g["params"]]
+    assert "head.weight" in rest and "patch_embed.proj.weight" in rest
+    assert len(muon) + len(rest) == len(names)  # every parameter, once
+
+
+def test_muon_trains_resumes_and_refuses_unknown_optimizers(tmp_path) -> None:
+    torch.manual_seed(0)
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon", warmup_epochs=0)
+    start = {n: p.detach().clone() for n, p in module.named_parameters()}
+    trainer = quiet_trainer(tmp_path, max_steps=3, max_epochs=1)
+    trainer.fit(module, random_loader(48))
+    assert isinstance(trainer.optimizers[0], MuonAdamW)
+    assert all((p - start[n]).abs().max() > 0 for n, p in module.named_parameters())
+    path = tmp_path / "muon.ckpt"
+    trainer.save_checkpoint(path)
+    state = torch.load(path, weights_only=True)["optimizer_states"][0]
+    assert any("momentum_buffer" in s for s in state["state"].values())
+    with pytest.raises(ValueError, match="optimizer='sgd'"):
+        ViTClassifier(optimizer="sgd")

@@ -1,0 +1,125 @@
+"""Muon for the encoder's weight matrices, AdamW for everything else, in one optimizer.
+
+Muon (Keller Jordan, 2024, https://kellerjordan.github.io/posts/muon/) keeps a momentum of the
+gradient, as SGD does, and replaces each matrix's update by the nearest (semi-)orthogonal matrix:
+U V^T of its SVD U S V^T, every singular value set to about one, computed by a few Newton-Schulz
+iterations (matrix products only). Every direction of the matrix then moves by about the same
+amount, instead of the few that dominate the gradient. It is meant for the hidden 2-D weights:
+here the blocks' qkv, projection and MLP matrices. The patch projection, the head, biases, norms,
+the CLS token and the positions stay with AdamW, as in Muon's own recipe.
+
+The update is scaled by 0.2 * sqrt(max(rows, cols)) ("Muon is Scalable for LLM Training", Liu et
+al. 2025) so that its RMS matches a typical AdamW update: the learning rate, weight decay
+(decoupled, as AdamW's) and schedule tuned for AdamW carry over. torch.optim.Muon runs its
+iterations in bfloat16 always; on a CPU without native bf16 products that is about 13x slower
+than float32, so here the iterations run in bfloat16 only where that is fast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# the quintic iteration's coefficients from Muon's reference code: steep at zero, so five steps
+# bring every singular value into about [0.7, 1.2] (not exactly 1, which does not hurt)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalize(g: Tensor, *, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
+    """About U V^T for g = U S V^T (singular values near one), by Newton-Schulz iterations."""
+    if g.dim() != 2:
+        raise ValueError(f"orthogonalize expects a matrix, got shape {tuple(g.shape)}.")
+    a, b, c = NS_COEFFICIENTS
+    x = g.to(dtype)
+    tall = x.shape[0] > x.shape[1]
+    if tall:  # iterate on the wide side: the Gram matrix x x^T is the smaller one
+        x = x.T
+    x = x / (x.norm() + 1e-7)  # spectral norm <= Frobenius norm = 1: inside the iteration's range
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if tall else x).to(g.dtype)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer, two rules: groups with `use_muon=True` take Muon's update, the others
+    AdamW's (the same update as torch.optim.AdamW, tested). Both decay weights as AdamW does,
+    by lr * weight_decay, and both follow the group's lr, so one schedule drives them.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[dict[str, Any]],
+        *,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        momentum: float = 0.95,
+        ns_steps: int = 5,
+        ns_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum={momentum} must be in [0, 1), e.g. Muon's 0.95.")
+        defaults = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            betas=betas,
+            eps=eps,
+            momentum=momentum,
+            ns_steps=ns_steps,
+            use_muon=False,
+        )
+        super().__init__(params, defaults)
+        self.ns_dtype = ns_dtype
+        for group in self.param_groups:
+            bad = [tuple(p.shape) for p in group["params"] if group["use_muon"] and p.dim() != 2]
+            if bad:
+                raise ValueError(f"Muon takes matrices only; this group has shapes {bad}.")
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                p.mul_(1.0 - group["lr"] * group["weight_decay"])  # decoupled decay
+                if group["use_muon"]:
+                    self._muon(p, group)
+                else:
+                    self._adamw(p, group)
+        return loss
+
+    def _muon(self, p: Tensor, group: dict[str, Any]) -> None:
+        state = self.state[p]
+        if not state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+        buf, mu = state["momentum_buffer"], group["momentum"]
+        buf.lerp_(p.grad, 1.0 - mu)  # an average of past gradients
+        nesterov = p.grad.lerp(buf, mu)  # look ahead along it (Nesterov)
+        update = orthogonalize(nesterov, steps=group["ns_steps"], dtype=self.ns_dtype)
+        scale = 0.2 * math.sqrt(max(p.shape))  # the RMS of an AdamW update
+        p.add_(update, alpha=-group["lr"] * scale)
+
+    def _adamw(self, p: Tensor, group: dict[str, Any]) -> None:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        (beta1, beta2), grad = group["betas"], p.grad
+        state["step"] += 1
+        step = float(state["step"])
+        state["exp_avg"].lerp_(grad, 1.0 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
+        denom = (state["exp_avg_sq"].sqrt() / math.sqrt(bias2)).add_(group["eps"])
+        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / bias1)
