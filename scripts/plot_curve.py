@@ -1,5 +1,8 @@
 """Learning curves from runs' own TensorBoard logs: a metric against wall-clock minutes.
 
+(--x steps plots it against training steps instead: runs on machines of different speed, or with
+a step of different cost, compared at equal work.)
+
 python scripts/plot_curve.py runs/cifar10/version_0 [more runs] --out experiments/curve.png
 
 Beside the picture it writes the points it plotted (curve.csv: run, step, minutes, value), so a
@@ -90,6 +93,12 @@ def main() -> None:
         metavar=("OLD", "NEW"),
         help="show a --from-csv curve under a new label (repeatable)",
     )
+    p.add_argument(
+        "--x",
+        choices=("minutes", "steps"),
+        default="minutes",
+        help="the horizontal axis: wall-clock minutes (default) or training steps",
+    )
     p.add_argument("--title", default="")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -127,8 +136,12 @@ def main() -> None:
         label: read_curve(run, args.tag) for label, run in zip(labels, args.runs, strict=True)
     }
     curves.update(renamed)
+    by_steps = args.x == "steps"
     fig = plot_learning_curves(
-        {label: c[:2] for label, c in curves.items()}, title=args.title, ylabel=args.tag
+        {label: (c[2] if by_steps else c[0], c[1]) for label, c in curves.items()},
+        title=args.title,
+        ylabel=args.tag,
+        xlabel="training steps" if by_steps else "wall-clock minutes of training",
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_figure(fig, args.out, dpi=110)

@@ -144,3 +144,24 @@ def test_refuses_two_curves_under_one_label(tmp_path: Path, monkeypatch, capsys)
     monkeypatch.setattr(sys, "argv", ["plot_curve.py", *args, "--out", str(out)])
     plot_curve.main()
     assert set(plot_curve.read_points(out.with_suffix(".csv"))) == {"A", "B", "E"}
+
+
+def test_x_steps_plots_against_steps(tmp_path: Path, monkeypatch) -> None:
+    import vit.plots
+
+    write_run(tmp_path / "a", [0.1, 0.5])
+    seen = {}
+
+    def spy(curves, **kw):
+        seen.update(curves=curves, **kw)
+        return real(curves, **kw)
+
+    real = vit.plots.plot_learning_curves
+    monkeypatch.setattr(plot_curve, "plot_learning_curves", spy)
+    out = tmp_path / "steps.png"
+    argv = ["plot_curve.py", str(tmp_path / "a"), "--labels", "A", "--x", "steps"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(out)])
+    plot_curve.main()
+    assert seen["curves"] == {"A": ([100, 200], pytest.approx([0.1, 0.5]))}
+    assert seen["xlabel"] == "training steps"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -100,13 +100,17 @@ def plot_map_grid(
 
 
 def plot_learning_curves(
-    curves: dict[str, tuple[list[float], list[float]]], *, title: str = "", ylabel: str = "val/acc"
+    curves: dict[str, tuple[list[float], list[float]]],
+    *,
+    title: str = "",
+    ylabel: str = "val/acc",
+    xlabel: str = "wall-clock minutes of training",
 ) -> Figure:
-    """One line per run: y (e.g. validation accuracy) against wall-clock minutes."""
+    """One line per run: y (e.g. validation accuracy) against wall-clock minutes (or steps)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, (minutes, values) in curves.items():
         ax.plot(minutes, values, marker="o", markersize=3, label=label)
-    ax.set_xlabel("wall-clock minutes of training")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
