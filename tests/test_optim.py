@@ -93,3 +93,14 @@ def test_muon_trains_resumes_and_refuses_unknown_optimizers(tmp_path) -> None:
     assert any("momentum_buffer" in s for s in state["state"].values())
     with pytest.raises(ValueError, match="optimizer='sgd'"):
         ViTClassifier(optimizer="sgd")
+
+
+def test_muon_refuses_fsdp_which_shards_its_matrices() -> None:
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy(), max_epochs=1)
+    with pytest.raises(ValueError, match="FSDP shards them.*strategy ddp"):
+        module.configure_optimizers()

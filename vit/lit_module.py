@@ -418,8 +418,16 @@ class ViTClassifier(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         if hp.optimizer == "muon":
+            from lightning.pytorch.strategies import FSDPStrategy
+
             from vit.cli import cpu_has_fast_bf16
 
+            if isinstance(self.trainer.strategy, FSDPStrategy):
+                raise ValueError(
+                    "model.optimizer: muon orthogonalises whole weight matrices, and FSDP shards "
+                    "them across devices: use strategy ddp (each device holds every matrix) or "
+                    "model.optimizer: adamw."
+                )
             fast_bf16 = self.device.type == "cuda" or cpu_has_fast_bf16()
             optimizer = MuonAdamW(
                 muon_param_groups(self.model, weight_decay=hp.weight_decay),
