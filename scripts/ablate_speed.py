@@ -134,13 +134,25 @@ def training_step(
     fused_adam: bool,
     compile_: bool,
     dynamic: bool | None,
+    optimizer: str = "adamw",
 ):
     """A closure running one training step (forward, backward, AdamW) of `model` on (x, y):
     precision 32-true, bf16-mixed (autocast) or bf16-full (the model in bf16, float32 master
-    weights in the optimizer); compile_ runs the model through torch.compile(dynamic=dynamic)."""
+    weights in the optimizer); compile_ runs the model through torch.compile(dynamic=dynamic);
+    optimizer "muon" steps with vit.optim.MuonAdamW as `model.optimizer: muon` does."""
     if precision == "bf16-full":
         model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
         opt = MasterWeights(model, fused=fused_adam)
+    elif optimizer == "muon":
+        from vit.cli import cpu_has_fast_bf16
+        from vit.lit_module import muon_param_groups
+        from vit.optim import MuonAdamW
+
+        opt = MuonAdamW(
+            muon_param_groups(model, weight_decay=0.05),
+            lr=1e-4,
+            ns_dtype=torch.bfloat16 if cpu_has_fast_bf16() else torch.float32,
+        )
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
     forward = torch.compile(model, dynamic=dynamic) if compile_ else model
@@ -170,6 +182,7 @@ def resolution_step(
     spt: bool = False,
     patch_drop: bool = False,
     compile_: bool = False,
+    optimizer: str = "adamw",
 ):
     """One training step of the cpu60 model on side x side images (bf16 autocast, float32, or
     bf16-full: the model in bf16 with float32 master weights in the optimizer); patch_drop drops
@@ -191,7 +204,14 @@ def resolution_step(
     x, y = torch.randn(batch, 3, side, side), torch.randint(0, 10, (batch,))
     # static shapes: the curriculum compiles once per image size
     return training_step(
-        model, x, y, precision=precision, fused_adam=fused_adam, compile_=compile_, dynamic=False
+        model,
+        x,
+        y,
+        precision=precision,
+        fused_adam=fused_adam,
+        compile_=compile_,
+        dynamic=False,
+        optimizer=optimizer,
     )
 
 
@@ -282,7 +302,11 @@ def stages_ab(
     **fixed: object,
 ) -> None:
     """The curriculum's stages (16, 24, 32) with resolution_step's `option` at its two `values`
-    (off and on unless given), named `names`."""
+    (off and on unless given), named `names`; --precision, where given, replaces the held one."""
+    if getattr(args, "precision", None):
+        fixed["precision"] = args.precision
+        flag = f"{flag} --precision {args.precision}"
+        about = f"{about}; precision {args.precision}"
     steps = {
         f"{side}x{side} {name}": resolution_step(
             side=side, batch=args.batch, **{option: value}, **fixed
@@ -336,6 +360,18 @@ STAGE_ABS = {
         stem="patch_drop",
         about=f"{RECIPE_ABOUT}; every patch token vs half of them dropped "
         "(model.patch_drop_rate 0.5)",
+        **RECIPE_FIXED,
+    ),
+    "muon": dict(
+        option="optimizer",
+        values=("adamw", "muon"),
+        names=("adamw", "muon"),
+        stem="muon",
+        about="today's cpu60 model (width 192, depth 4, 3 heads, MLP 384, patch 4, LSA, SPT, all "
+        "tokens), bf16-mixed; fused AdamW vs Muon for the blocks' matrices with AdamW for the rest "
+        "(model.optimizer: muon; its iterations in bf16 only where bf16 is fast)",
+        depth=4,
+        spt=True,
         **RECIPE_FIXED,
     ),
     "mlp_ratio": dict(
@@ -694,6 +730,14 @@ def main() -> None:
     )
     p.add_argument(
         "--fast-step", action="store_true", help="curriculum stages: bf16-mixed vs full, compile"
+    )
+    p.add_argument(
+        "--muon", action="store_true", help="curriculum stages at depth 4: AdamW vs Muon"
+    )
+    p.add_argument(
+        "--precision",
+        choices=("32-true", "bf16-mixed", "bf16-full"),
+        help="stage A/Bs: this precision instead of bf16-mixed (32-true for CPUs without bf16)",
     )
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")

@@ -70,3 +70,32 @@ def test_mlp_ratio_stages_build_the_two_models_they_name(monkeypatch) -> None:
     step = ablate.resolution_step(side=16, batch=2, fused_adam=False, depth=4, mlp_ratio=4.0)
     assert made["depth"] == 4 and made["mlp_ratio"] == 4.0
     step()  # and its step runs
+
+
+def test_muon_stages_time_the_two_optimizers_at_the_precision_asked(monkeypatch) -> None:
+    """--muon --precision 32-true: depth-4 steps with AdamW and with Muon, in float32."""
+    built = {}
+
+    def fake_step(*, side, batch, **cfg):
+        built[(side, cfg["optimizer"])] = cfg
+        return lambda: None
+
+    monkeypatch.setattr(ablate, "resolution_step", fake_step)
+    written = {}
+    monkeypatch.setattr(ablate, "time_and_write", lambda steps, **kw: written.update(kw))
+    args = ablate.argparse.Namespace(batch=8, rounds=1, precision="32-true")
+    ablate.stages_ab(args, flag="--muon", **ablate.STAGE_ABS["muon"])
+    assert sorted(built) == [(s, o) for s in (16, 24, 32) for o in ("adamw", "muon")]
+    assert all(c["precision"] == "32-true" and c["depth"] == 4 for c in built.values())
+    assert "--muon --precision 32-true" in written["command"]
+    monkeypatch.undo()  # the real step trains with vit.optim.MuonAdamW
+    from vit.optim import MuonAdamW
+
+    seen = []
+    real_step = MuonAdamW.step
+    monkeypatch.setattr(MuonAdamW, "step", lambda self, *a: seen.append(self) or real_step(self))
+    step = ablate.resolution_step(
+        side=16, batch=2, fused_adam=False, depth=2, precision="32-true", optimizer="muon"
+    )
+    step()
+    assert len(seen) == 1
