@@ -368,7 +368,7 @@ STAGE_ABS = {
         names=("adamw", "muon"),
         stem="muon",
         about="today's cpu60 model (width 192, depth 4, 3 heads, MLP 384, patch 4, LSA, SPT, all "
-        "tokens), bf16-mixed; fused AdamW vs Muon for the blocks' matrices with AdamW for the rest "
+        "tokens), bf16-mixed unless --precision says otherwise; fused AdamW vs Muon for the blocks' matrices with AdamW for the rest "
         "(model.optimizer: muon; its iterations in bf16 only where bf16 is fast)",
         depth=4,
         spt=True,
