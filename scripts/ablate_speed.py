@@ -144,15 +144,10 @@ def training_step(
         model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
         opt = MasterWeights(model, fused=fused_adam)
     elif optimizer == "muon":
-        from vit.cli import cpu_has_fast_bf16
         from vit.lit_module import muon_param_groups
         from vit.optim import MuonAdamW
 
-        opt = MuonAdamW(
-            muon_param_groups(model, weight_decay=0.05),
-            lr=1e-4,
-            ns_dtype=torch.bfloat16 if cpu_has_fast_bf16() else torch.float32,
-        )
+        opt = MuonAdamW(muon_param_groups(model, weight_decay=0.05), lr=1e-4)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
     forward = torch.compile(model, dynamic=dynamic) if compile_ else model
@@ -368,8 +363,9 @@ STAGE_ABS = {
         names=("adamw", "muon"),
         stem="muon",
         about="today's cpu60 model (width 192, depth 4, 3 heads, MLP 384, patch 4, LSA, SPT, all "
-        "tokens), bf16-mixed unless --precision says otherwise; fused AdamW vs Muon for the blocks' matrices with AdamW for the rest "
-        "(model.optimizer: muon; its iterations in bf16 only where bf16 is fast)",
+        "tokens), bf16-mixed unless --precision says otherwise; fused AdamW vs Muon for the "
+        "blocks' matrices with AdamW for the rest (model.optimizer: muon; its iterations in bf16 "
+        "only where bf16 is fast)",
         depth=4,
         spt=True,
         **RECIPE_FIXED,

@@ -54,7 +54,13 @@ def test_adamw_groups_update_as_torch_adamw() -> None:
 def test_muon_steps_by_the_orthogonalized_momentum_and_decays() -> None:
     w = nn.Parameter(torch.randn(8, 16))
     start = w.detach().clone()
-    opt = MuonAdamW([{"params": [w], "use_muon": True}], lr=0.1, weight_decay=0.5, momentum=0.9)
+    opt = MuonAdamW(
+        [{"params": [w], "use_muon": True}],
+        lr=0.1,
+        weight_decay=0.5,
+        momentum=0.9,
+        ns_dtype=torch.float32,  # as orthogonalize's default, below
+    )
     w.grad = torch.randn(8, 16)
     opt.step()
     # first step: buffer = 0.1 g, look-ahead = g lerp buffer = 0.19 g; orthogonalize ignores scale
@@ -104,3 +110,15 @@ def test_muon_refuses_fsdp_which_shards_its_matrices() -> None:
     module._trainer = SimpleNamespace(strategy=FSDPStrategy(), max_epochs=1)
     with pytest.raises(ValueError, match="FSDP shards them.*strategy ddp"):
         module.configure_optimizers()
+
+
+def test_iterations_run_in_bf16_only_where_bf16_is_fast(monkeypatch) -> None:
+    import vit.cli
+
+    w = nn.Parameter(torch.zeros(4, 4))
+    for fast, dtype in ((False, torch.float32), (True, torch.bfloat16)):
+        monkeypatch.setattr(vit.cli, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        assert MuonAdamW([{"params": [w], "use_muon": True}]).ns_dtype == dtype
+    monkeypatch.setattr(vit.cli, "cpu_has_fast_bf16", lambda: True)
+    opt = MuonAdamW([{"params": [w], "use_muon": True}], ns_dtype=torch.float32)
+    assert opt.ns_dtype == torch.float32  # an explicit dtype wins

@@ -24,6 +24,7 @@ from vit.model import VisionTransformer, model_config
 from vit.optim import MuonAdamW
 
 Stage = Literal["train", "val", "test"]
+OptimizerName = Literal["adamw", "muon"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
@@ -106,7 +107,7 @@ class ViTClassifier(L.LightningModule):
         res_schedule: list[tuple[float, int]] | None = None,
         patch_drop_schedule: list[tuple[float, float]] | None = None,
         fused_adamw: bool | None = None,
-        optimizer: Literal["adamw", "muon"] = "adamw",
+        optimizer: OptimizerName = "adamw",
         torch_compile: bool = False,
         compile_mode: CompileMode = "default",
         test_flip: bool = False,
@@ -124,7 +125,7 @@ class ViTClassifier(L.LightningModule):
             lr_decay=lr_decay,
         )
         check_mix_args(mixup_alpha, cutmix_alpha, mix_prob)
-        if optimizer not in ("adamw", "muon"):
+        if optimizer not in get_args(OptimizerName):
             raise ValueError(
                 f"optimizer={optimizer!r}: expected 'adamw', or 'muon' (Muon for the blocks' "
                 "weight matrices, AdamW for the rest: vit/optim.py)."
@@ -420,20 +421,16 @@ class ViTClassifier(L.LightningModule):
         if hp.optimizer == "muon":
             from lightning.pytorch.strategies import FSDPStrategy
 
-            from vit.cli import cpu_has_fast_bf16
-
             if isinstance(self.trainer.strategy, FSDPStrategy):
                 raise ValueError(
                     "model.optimizer: muon orthogonalises whole weight matrices, and FSDP shards "
                     "them across devices: use strategy ddp (each device holds every matrix) or "
                     "model.optimizer: adamw."
                 )
-            fast_bf16 = self.device.type == "cuda" or cpu_has_fast_bf16()
-            optimizer = MuonAdamW(
+            optimizer = MuonAdamW(  # the model is on its device: bf16 iterations where fast
                 muon_param_groups(self.model, weight_decay=hp.weight_decay),
                 lr=hp.lr,
                 betas=tuple(hp.betas),
-                ns_dtype=torch.bfloat16 if fast_bf16 else torch.float32,
             )
         else:
             optimizer = torch.optim.AdamW(

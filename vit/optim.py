@@ -45,10 +45,20 @@ def orthogonalize(g: Tensor, *, steps: int = 5, dtype: torch.dtype = torch.float
     return (x.T if tall else x).to(g.dtype)
 
 
+def iteration_dtype(params: Iterable[Tensor]) -> torch.dtype:
+    """bfloat16 where its matrix products are fast (a GPU, or a CPU with AVX512-BF16 or AMX),
+    float32 elsewhere: the dtype of the Newton-Schulz iterations for these parameters."""
+    from vit.cli import cpu_has_fast_bf16  # imported here: vit.cli imports this module's users
+
+    on_gpu = any(p.device.type == "cuda" for p in params)
+    return torch.bfloat16 if on_gpu or cpu_has_fast_bf16() else torch.float32
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """One optimizer, two rules: groups with `use_muon=True` take Muon's update, the others
     AdamW's (the same update as torch.optim.AdamW, tested). Both decay weights as AdamW does,
-    by lr * weight_decay, and both follow the group's lr, so one schedule drives them.
+    by lr * weight_decay, and both follow the group's lr, so one schedule drives them. Build it
+    once the parameters are on their device: that picks the iterations' dtype by default.
     """
 
     def __init__(
@@ -61,7 +71,7 @@ class MuonAdamW(torch.optim.Optimizer):
         eps: float = 1e-8,
         momentum: float = 0.95,
         ns_steps: int = 5,
-        ns_dtype: torch.dtype = torch.float32,
+        ns_dtype: torch.dtype | None = None,
     ) -> None:
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum={momentum} must be in [0, 1), e.g. Muon's 0.95.")
@@ -75,11 +85,11 @@ class MuonAdamW(torch.optim.Optimizer):
             use_muon=False,
         )
         super().__init__(params, defaults)
-        self.ns_dtype = ns_dtype
-        for group in self.param_groups:
-            bad = [tuple(p.shape) for p in group["params"] if group["use_muon"] and p.dim() != 2]
-            if bad:
-                raise ValueError(f"Muon takes matrices only; this group has shapes {bad}.")
+        muon = [p for group in self.param_groups if group["use_muon"] for p in group["params"]]
+        if bad := [tuple(p.shape) for p in muon if p.dim() != 2]:
+            raise ValueError(f"Muon takes matrices only; this group has shapes {bad}.")
+        # None: bf16 where it is fast for these parameters (iteration_dtype), else float32
+        self.ns_dtype = ns_dtype or iteration_dtype(muon)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
