@@ -41,19 +41,27 @@ def test_full_bf16_variant_puts_the_model_in_bf16(tiny_model) -> None:
     )
 
 
-def test_mlp_ratio_stages_build_the_two_models_they_name(monkeypatch) -> None:
-    """--mlp-ratio times depth-4 models whose MLP hidden width is 2x and 4x the embedding."""
-    built = {}
+def run_stages(monkeypatch, name: str, option: str, **args) -> tuple[dict, dict]:
+    """stages_ab for STAGE_ABS[name] with the steps recorded, not built or timed: the config of
+    each (side, option value) step, and what time_and_write was given (its steps included)."""
+    built, written = {}, {}
 
     def fake_step(*, side, batch, **cfg):
-        built[(side, cfg["mlp_ratio"])] = cfg
+        built[(side, cfg[option])] = cfg
         return lambda: None
 
     monkeypatch.setattr(ablate, "resolution_step", fake_step)
-    written = {}
-    monkeypatch.setattr(ablate, "time_and_write", lambda steps, **kw: written.update(steps=steps))
-    args = ablate.argparse.Namespace(batch=8, rounds=1)
-    ablate.stages_ab(args, flag="--mlp-ratio", **ablate.STAGE_ABS["mlp_ratio"])
+    monkeypatch.setattr(
+        ablate, "time_and_write", lambda steps, **kw: written.update(steps=steps, **kw)
+    )
+    namespace = ablate.argparse.Namespace(batch=8, rounds=1, **args)
+    ablate.stages_ab(namespace, flag=f"--{name.replace('_', '-')}", **ablate.STAGE_ABS[name])
+    return built, written
+
+
+def test_mlp_ratio_stages_build_the_two_models_they_name(monkeypatch) -> None:
+    """--mlp-ratio times depth-4 models whose MLP hidden width is 2x and 4x the embedding."""
+    built, written = run_stages(monkeypatch, "mlp_ratio", "mlp_ratio")
     assert sorted(written["steps"]) == sorted(
         f"{s}x{s} mlp-ratio-{r}" for s in (16, 24, 32) for r in (2, 4)
     )
@@ -74,17 +82,7 @@ def test_mlp_ratio_stages_build_the_two_models_they_name(monkeypatch) -> None:
 
 def test_muon_stages_time_the_two_optimizers_at_the_precision_asked(monkeypatch) -> None:
     """--muon --precision 32-true: depth-4 steps with AdamW and with Muon, in float32."""
-    built = {}
-
-    def fake_step(*, side, batch, **cfg):
-        built[(side, cfg["optimizer"])] = cfg
-        return lambda: None
-
-    monkeypatch.setattr(ablate, "resolution_step", fake_step)
-    written = {}
-    monkeypatch.setattr(ablate, "time_and_write", lambda steps, **kw: written.update(kw))
-    args = ablate.argparse.Namespace(batch=8, rounds=1, precision="32-true")
-    ablate.stages_ab(args, flag="--muon", **ablate.STAGE_ABS["muon"])
+    built, written = run_stages(monkeypatch, "muon", "optimizer", precision="32-true")
     assert sorted(built) == [(s, o) for s in (16, 24, 32) for o in ("adamw", "muon")]
     assert all(c["precision"] == "32-true" and c["depth"] == 4 for c in built.values())
     assert "--muon --precision 32-true" in written["command"]
