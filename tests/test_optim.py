@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from tests.conftest import TINY_ARGS, quiet_trainer, random_loader
+from vit import optim
 from vit.lit_module import ViTClassifier, muon_param_groups
 from vit.optim import MuonAdamW, orthogonalize
 
@@ -26,6 +27,31 @@ def test_orthogonalize_sets_every_singular_value_near_one(shape: tuple[int, int]
     assert cos > 0.95
     with pytest.raises(ValueError, match="expects a matrix"):
         orthogonalize(torch.randn(3, 4, 5))
+
+
+@pytest.mark.parametrize("shape", [(576, 192), (192, 384)])
+def test_gram_form_gives_the_loops_iterations(shape: tuple[int, int], monkeypatch) -> None:
+    """For the blocks' wide and tall matrices float32 iterates on the small Gram matrix; the
+    result is the textbook loop's (run here in float64) to float32 rounding, not another
+    polynomial. bfloat16 keeps the loop."""
+    gen = torch.Generator().manual_seed(0)
+    g = torch.randn(shape[0], 8, generator=gen) @ torch.randn(8, shape[1], generator=gen)
+    g += 0.01 * torch.randn(shape, generator=gen)  # low rank plus noise, as a gradient
+    a, b, c = optim.NS_COEFFICIENTS
+    x = g.double().T if shape[0] > shape[1] else g.double()
+    x = x / x.norm()
+    for _ in range(5):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    loop = x.T if shape[0] > shape[1] else x
+    calls = []
+    gram_form = optim._iterate_on_the_gram
+    monkeypatch.setattr(optim, "_iterate_on_the_gram", lambda *a: calls.append(1) or gram_form(*a))
+    out = orthogonalize(g)
+    assert calls == [1]
+    assert (out.double() - loop).abs().max() < 1e-3 * loop.abs().max()
+    orthogonalize(g, dtype=torch.bfloat16)
+    assert calls == [1]
 
 
 def test_adamw_groups_update_as_torch_adamw() -> None:

@@ -27,6 +27,9 @@ from torch import Tensor
 # the quintic iteration's coefficients from Muon's reference code: steep at zero, so five steps
 # bring every singular value into about [0.7, 1.2] (not exactly 1, which does not hurt)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+# iterate on the Gram matrix (_iterate_on_the_gram) when the long side is at least this many times
+# the short: 5 steps cost 17 m^3 + 2 m^2 n multiply-adds there against 5 m^3 + 10 m^2 n in the loop
+GRAM_FORM_RATIO = 1.5
 
 
 def orthogonalize(g: Tensor, *, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -39,10 +42,37 @@ def orthogonalize(g: Tensor, *, steps: int = 5, dtype: torch.dtype = torch.float
     if tall:  # iterate on the wide side: the Gram matrix x x^T is the smaller one
         x = x.T
     x = x / (x.norm() + 1e-7)  # spectral norm <= Frobenius norm = 1: inside the iteration's range
-    for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
+    if dtype == torch.float32 and x.shape[1] >= GRAM_FORM_RATIO * x.shape[0]:
+        x = _iterate_on_the_gram(x, steps)
+    else:
+        for _ in range(steps):
+            gram = x @ x.T
+            x = a * x + (b * gram + c * gram @ gram) @ x
     return (x.T if tall else x).to(g.dtype)
+
+
+def _iterate_on_the_gram(x: Tensor, steps: int) -> Tensor:
+    """The same iterations as orthogonalize's loop, for a wide x (m x n, m < n), in m x m products.
+
+    Each step is x <- p(G) x with G = x x^T and p(G) = a + b G + c G^2, so after k steps x = Q x0
+    with Q a product of polynomials in G0 = x0 x0^T: they all commute, and G <- p(G)^2 G. Each
+    step's two m x m x n products become at most three more m x m x m ones, and only the first
+    G0 and the last Q x0 touch n: 0.66x and 0.84x the multiply-adds for the blocks' 192 x 576
+    and 192 x 384 matrices. In exact arithmetic the result is the loop's; in float32 it is within
+    about 2e-4 of the largest entry (the loop: 5e-5; tested against float64). Only in float32: G
+    and Q are not recomputed from x, so their rounding drifts apart, small in float32, not in
+    bfloat16.
+    """
+    a, b, c = NS_COEFFICIENTS
+    gram = x @ x.T
+    q = None
+    for step in range(steps):
+        p = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b G + c G^2
+        p.diagonal().add_(a)
+        q = p if q is None else p @ q
+        if step < steps - 1:
+            gram = p @ (p @ gram)
+    return q @ x
 
 
 def iteration_dtype(params: Iterable[Tensor]) -> torch.dtype:
