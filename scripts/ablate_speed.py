@@ -74,6 +74,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -415,6 +416,67 @@ def fast_step_main(args: argparse.Namespace) -> None:
     )
 
 
+def muon_ns_main(args: argparse.Namespace) -> None:
+    """Muon's float32 Newton-Schulz iterations for the 16 matrices of today's cpu60 model, in the
+    forms vit.optim has: each matrix alone or each shape's matrices as one stack (MuonAdamW's
+    way), each with the textbook loop or on the Gram matrix (orthogonalize's float32 choice for
+    wide and tall matrices). The same results to float32 rounding (tests/test_optim.py)."""
+    from vit import optim
+    from vit.lit_module import muon_param_groups
+    from vit.model import create_model
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny", mlp_ratio=2.0, depth=4, lsa=True, spt=True)
+    mats = [torch.randn_like(p) for p in muon_param_groups(model, weight_decay=0.05)[0]["params"]]
+    stacks = {}
+    for m in mats:
+        stacks.setdefault(m.shape, []).append(m)
+    stacks = [torch.stack(ms) for ms in stacks.values()]
+
+    gram_ratio = optim.GRAM_FORM_RATIO
+
+    def form(*, stacked: bool, gram: bool):
+        def run() -> None:
+            saved = optim.GRAM_FORM_RATIO
+            optim.GRAM_FORM_RATIO = gram_ratio if gram else math.inf  # inf: the loop always
+            try:
+                for g in stacks if stacked else mats:
+                    optim.orthogonalize(g, dtype=torch.float32)
+            finally:
+                optim.GRAM_FORM_RATIO = saved
+
+        return run
+
+    steps = {
+        f"{'stacked' if stacked else 'per matrix'}, {'Gram form' if gram else 'loop'}": form(
+            stacked=stacked, gram=gram
+        )
+        for stacked in (False, True)
+        for gram in (False, True)
+    }
+    secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
+    base = "per matrix, loop"
+    rows = [
+        {"variant": n, "ms": round(1000 * t, 2), "vs_base": round(secs[base] / t, 3)}
+        for n, t in secs.items()
+    ]
+    bench.OUT.mkdir(parents=True, exist_ok=True)
+    command = f"python scripts/ablate_speed.py --muon-ns --rounds {args.rounds}"
+    meta = {"command": command, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    (bench.OUT / "muon_ns.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
+    lines = [
+        f"Command: `{command}` (Muon's float32 iterations, 5 steps, for the 16 matrices of "
+        "today's cpu60 model: 4 each of 576x192, 192x192, 384x192, 192x384; median of rounds, "
+        f"interleaved; {torch.get_num_threads()} threads)",
+        "",
+        f"| form | ms for the 16 | vs {base} |",
+        "|---|---|---|",
+        *(f"| {r['variant']} | {r['ms']} | {r['vs_base']:.2f}x |" for r in rows),
+    ]
+    (bench.OUT / "muon_ns.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def batch_sizes_main(args: argparse.Namespace) -> None:
     """The cpu60 model's curriculum stages at other batch sizes against 128 (bf16-mixed, fused
     AdamW), interleaved: images/s per stage, since a batch size changes the steps and the
@@ -731,6 +793,9 @@ def main() -> None:
         "--muon", action="store_true", help="curriculum stages at depth 4: AdamW vs Muon"
     )
     p.add_argument(
+        "--muon-ns", action="store_true", help="Muon's float32 iterations: loop vs Gram, stacked"
+    )
+    p.add_argument(
         "--precision",
         choices=("32-true", "bf16-mixed", "bf16-full"),
         help="stage A/Bs: this precision instead of bf16-mixed (32-true for CPUs without bf16)",
@@ -760,6 +825,9 @@ def main() -> None:
         if getattr(args, name):
             stages_ab(args, flag=f"--{name.replace('_', '-')}", **ab)
             return
+    if args.muon_ns:
+        muon_ns_main(args)
+        return
     if args.fast_step:
         fast_step_main(args)
         return

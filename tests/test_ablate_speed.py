@@ -97,3 +97,43 @@ def test_muon_stages_time_the_two_optimizers_at_the_precision_asked(monkeypatch)
     )
     step()
     assert len(seen) == 1
+
+
+def test_muon_ns_times_each_form_on_the_recipes_matrices(monkeypatch, tmp_path) -> None:
+    """--muon-ns: four forms over the 16 matrices of the recipe's model; only the Gram-form ones
+    iterate on the Gram matrix (three wide or tall shapes of four), and the ratio is to the loop."""
+    from vit import optim
+
+    gram_calls, shapes = {}, []
+    real_gram, real_orth = optim._iterate_on_the_gram, optim.orthogonalize
+
+    def timed(steps, **kw):
+        for name, run in steps.items():
+            gram_calls[name] = 0
+            run()
+        return {name: 1.0 + i for i, name in enumerate(steps)}
+
+    def gram(x, steps):
+        gram_calls[list(gram_calls)[-1]] += 1
+        return real_gram(x, steps)
+
+    monkeypatch.setattr(ablate.bench, "time_interleaved", timed)
+    monkeypatch.setattr(ablate.bench, "OUT", tmp_path)
+    monkeypatch.setattr(optim, "_iterate_on_the_gram", gram)
+    monkeypatch.setattr(
+        optim, "orthogonalize", lambda g, **kw: shapes.append(g.shape) or real_orth(g, **kw)
+    )
+    ablate.muon_ns_main(ablate.argparse.Namespace(rounds=1))
+    assert gram_calls == {
+        "per matrix, loop": 0,
+        "per matrix, Gram form": 12,
+        "stacked, loop": 0,
+        "stacked, Gram form": 3,
+    }
+    assert sorted(set(shapes)) == sorted(
+        {(576, 192), (192, 192), (384, 192), (192, 384)}
+        | {(4, 576, 192), (4, 192, 192), (4, 384, 192), (4, 192, 384)}
+    )
+    assert optim.GRAM_FORM_RATIO == 1.5  # put back
+    table = (tmp_path / "muon_ns.md").read_text()
+    assert "| stacked, Gram form | 4000.0 | 0.25x |" in table

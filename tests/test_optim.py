@@ -25,8 +25,19 @@ def test_orthogonalize_sets_every_singular_value_near_one(shape: tuple[int, int]
     assert s.min() > 0.6 and s.max() < 1.2, s  # the band, not exactly one
     cos = torch.nn.functional.cosine_similarity(orthogonalize(g).flatten(), (u @ v.T).flatten(), 0)
     assert cos > 0.95
-    with pytest.raises(ValueError, match="expects a matrix"):
-        orthogonalize(torch.randn(3, 4, 5))
+    with pytest.raises(ValueError, match="expects a matrix or a stack"):
+        orthogonalize(torch.randn(5))
+
+
+@pytest.mark.parametrize("shape", [(4, 24, 8), (4, 8, 24), (2, 3, 16, 16)])
+def test_a_stack_is_orthogonalized_matrix_by_matrix(shape: tuple[int, ...]) -> None:
+    """MuonAdamW orthogonalizes same-shaped updates as one stack: each comes out as it would
+    alone (its own norm, its own iterations), whatever the others hold."""
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    g[0] *= 1000.0  # one large matrix must not shrink the others
+    flat = g.reshape(-1, *shape[-2:])
+    alone = torch.stack([orthogonalize(m) for m in flat]).reshape(shape)
+    torch.testing.assert_close(orthogonalize(g), alone, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("shape", [(576, 192), (192, 384)])

