@@ -143,7 +143,8 @@ class MuonAdamW(torch.optim.Optimizer):
     def _muon(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """Each matrix's momentum and look-ahead, then one orthogonalization per shape for the
         stack of them: the blocks' matrices come in four shapes, and a batched product of four
-        uses two cores better than four small ones (0.79x the time for the recipe's model)."""
+        uses two cores better than four small ones (0.86x the time for the recipe's model,
+        float32: experiments/benchmarks/muon_ns.md)."""
         mu, same_shape = group["momentum"], {}
         for p in params:
             state = self.state[p]
