@@ -74,7 +74,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -260,9 +259,13 @@ def save_rows(
     header: tuple[str, str],
     ratio_key: str,
     meta: dict,
+    columns: tuple[tuple[str, str], ...] = (
+        ("ms/step", "ms_per_step"),
+        ("train img/s", "images_per_s"),
+    ),
 ) -> None:
-    """Timed rows (variant, ms_per_step, images_per_s and a ratio) -> <stem>.json and <stem>.md,
-    printed too; `header` names the first and the ratio column."""
+    """Timed rows (a variant, the `columns` given as (title, key), and a ratio) -> <stem>.json
+    and <stem>.md, printed too; `header` names the first and the ratio column."""
     out = {
         "command": command,
         **meta,
@@ -275,11 +278,12 @@ def save_rows(
     lines = [
         f"Command: `{command}` ({about})",
         "",
-        f"| {header[0]} | ms/step | train img/s | {header[1]} |",
-        "|---|---|---|---|",
+        f"| {header[0]} | {' | '.join(title for title, _ in columns)} | {header[1]} |",
+        "|---|" + "---|" * (len(columns) + 1),
     ]
     lines += [
-        f"| {r['variant']} | {r['ms_per_step']} | {r['images_per_s']} | {r[ratio_key]:.2f}x |"
+        f"| {r['variant']} | {' | '.join(str(r[key]) for _, key in columns)} | "
+        f"{r[ratio_key]:.2f}x |"
         for r in rows
     ]
     (bench.OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
@@ -433,17 +437,10 @@ def muon_ns_main(args: argparse.Namespace) -> None:
         stacks.setdefault(m.shape, []).append(m)
     stacks = [torch.stack(ms) for ms in stacks.values()]
 
-    gram_ratio = optim.GRAM_FORM_RATIO
-
     def form(*, stacked: bool, gram: bool):
         def run() -> None:
-            saved = optim.GRAM_FORM_RATIO
-            optim.GRAM_FORM_RATIO = gram_ratio if gram else math.inf  # inf: the loop always
-            try:
-                for g in stacks if stacked else mats:
-                    optim.orthogonalize(g, dtype=torch.float32)
-            finally:
-                optim.GRAM_FORM_RATIO = saved
+            for g in stacks if stacked else mats:
+                optim.orthogonalize(g, dtype=torch.float32, gram=gram)
 
         return run
 
@@ -460,21 +457,18 @@ def muon_ns_main(args: argparse.Namespace) -> None:
         {"variant": n, "ms": round(1000 * t, 2), "vs_base": round(secs[base] / t, 3)}
         for n, t in secs.items()
     ]
-    bench.OUT.mkdir(parents=True, exist_ok=True)
-    command = f"python scripts/ablate_speed.py --muon-ns --rounds {args.rounds}"
-    meta = {"command": command, "threads": torch.get_num_threads(), "torch": torch.__version__}
-    (bench.OUT / "muon_ns.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
-    lines = [
-        f"Command: `{command}` (Muon's float32 iterations, 5 steps, for the 16 matrices of "
-        "today's cpu60 model: 4 each of 576x192, 192x192, 384x192, 192x384; median of rounds, "
-        f"interleaved; {torch.get_num_threads()} threads)",
-        "",
-        f"| form | ms for the 16 | vs {base} |",
-        "|---|---|---|",
-        *(f"| {r['variant']} | {r['ms']} | {r['vs_base']:.2f}x |" for r in rows),
-    ]
-    (bench.OUT / "muon_ns.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    save_rows(
+        rows,
+        stem="muon_ns",
+        command=f"python scripts/ablate_speed.py --muon-ns --rounds {args.rounds}",
+        about="Muon's float32 iterations, 5 steps, for the 16 matrices of today's cpu60 model: 4 "
+        "each of 576x192, 192x192, 384x192, 192x384; median of rounds, interleaved; "
+        f"{torch.get_num_threads()} threads",
+        header=("form", f"vs {base}"),
+        ratio_key="vs_base",
+        meta={},
+        columns=(("ms for the 16", "ms"),),
+    )
 
 
 def batch_sizes_main(args: argparse.Namespace) -> None:

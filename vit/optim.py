@@ -32,9 +32,12 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 GRAM_FORM_RATIO = 1.5
 
 
-def orthogonalize(g: Tensor, *, steps: int = 5, dtype: torch.dtype = torch.float32) -> Tensor:
+def orthogonalize(
+    g: Tensor, *, steps: int = 5, dtype: torch.dtype = torch.float32, gram: bool = True
+) -> Tensor:
     """About U V^T for g = U S V^T (singular values near one), by Newton-Schulz iterations; g is
-    one matrix or a stack of them (..., m, n), each orthogonalized on its own."""
+    one matrix or a stack of them (..., m, n), each orthogonalized on its own. `gram`: iterate on
+    the Gram matrix where that is cheaper and safe (float32, GRAM_FORM_RATIO); False: the loop."""
     if g.dim() < 2:
         raise ValueError(f"orthogonalize expects a matrix or a stack, got shape {tuple(g.shape)}.")
     a, b, c = NS_COEFFICIENTS
@@ -44,7 +47,7 @@ def orthogonalize(g: Tensor, *, steps: int = 5, dtype: torch.dtype = torch.float
         x = x.mT
     # spectral norm <= Frobenius norm = 1: inside the iteration's range
     x = x / (x.norm(dim=(1, 2), keepdim=True) + 1e-7)
-    if dtype == torch.float32 and x.shape[2] >= GRAM_FORM_RATIO * x.shape[1]:
+    if gram and dtype == torch.float32 and x.shape[2] >= GRAM_FORM_RATIO * x.shape[1]:
         x = _iterate_on_the_gram(x, steps)
     else:
         for _ in range(steps):
