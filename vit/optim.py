@@ -51,8 +51,8 @@ def orthogonalize(
         x = _iterate_on_the_gram(x, steps)
     else:
         for _ in range(steps):
-            gram = x @ x.mT
-            x = a * x + torch.baddbmm(gram, gram, gram, beta=b, alpha=c) @ x
+            xxt = x @ x.mT
+            x = a * x + torch.baddbmm(xxt, xxt, xxt, beta=b, alpha=c) @ x
     return (x.mT if tall else x).reshape(g.shape).to(g.dtype)
 
 
