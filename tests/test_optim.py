@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import lightning as L
 import pytest
 import torch
 from torch import nn
@@ -136,6 +137,31 @@ def test_muon_trains_resumes_and_refuses_unknown_optimizers(tmp_path) -> None:
     assert any("momentum_buffer" in s for s in state["state"].values())
     with pytest.raises(ValueError, match="optimizer='sgd'"):
         ViTClassifier(optimizer="sgd")
+
+
+def test_muon_lr_scale_sets_the_muon_groups_peak_and_the_schedule_scales_both(tmp_path) -> None:
+    module = ViTClassifier(
+        preset="vit_nano", **TINY_ARGS, optimizer="muon", muon_lr_scale=3.0, warmup_epochs=1
+    )
+    lrs = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, *_) -> None:
+            lrs.append([g["lr"] for g in trainer.optimizers[0].param_groups])
+
+    trainer = quiet_trainer(tmp_path, max_steps=4, max_epochs=2, callbacks=[Record()])
+    trainer.fit(module, random_loader(48))
+    assert len(lrs) == 4
+    for muon, *adamw in lrs:  # warm-up then decay: every step, Muon's is 3x the others'
+        assert all(a == adamw[0] for a in adamw) and muon == pytest.approx(3.0 * adamw[0])
+    assert lrs[0][-1] < max(row[-1] for row in lrs)  # the warm-up moved them together
+    logged = trainer.callback_metrics["train/lr"]  # the schedule's (AdamW's) lr, not Muon's
+    assert float(logged) == pytest.approx(lrs[-1][-1])
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match=f"muon_lr_scale={bad} must be positive"):
+            ViTClassifier(optimizer="muon", muon_lr_scale=bad)
+    with pytest.raises(ValueError, match="optimizer='adamw' has none: set optimizer: muon"):
+        ViTClassifier(optimizer="adamw", muon_lr_scale=2.0)
 
 
 def test_muon_refuses_fsdp_which_shards_its_matrices() -> None:

@@ -57,11 +57,11 @@ class ViTClassifier(L.LightningModule):
 
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), patch dropout (`patch_drop_rate`, or by stage of
-    training `patch_drop_schedule`), fused AdamW, Muon for the blocks' matrices (`optimizer`),
-    torch.compile in fit (`torch_compile`, with `compile_mode`), test-time flip (`test_flip`),
-    and a wall-clock budget (`time_budget_min`): the schedule then runs on the fraction of the
-    budget used, reaches its end when the time is up, and training stops there (after a last
-    validation).
+    training `patch_drop_schedule`), fused AdamW, Muon for the blocks' matrices (`optimizer`,
+    with its own peak learning rate `muon_lr_scale` x lr), torch.compile in fit (`torch_compile`,
+    with `compile_mode`), test-time flip (`test_flip`), and a wall-clock budget
+    (`time_budget_min`): the schedule then runs on the fraction of the budget used, reaches its
+    end when the time is up, and training stops there (after a last validation).
 
     Model sizes come from `preset`; any size argument left at None takes the preset's value, so a
     config can say `preset: vit_tiny` and override one thing. Plain values only, so that
@@ -108,6 +108,7 @@ class ViTClassifier(L.LightningModule):
         patch_drop_schedule: list[tuple[float, float]] | None = None,
         fused_adamw: bool | None = None,
         optimizer: OptimizerName = "adamw",
+        muon_lr_scale: float = 1.0,
         torch_compile: bool = False,
         compile_mode: CompileMode = "default",
         test_flip: bool = False,
@@ -129,6 +130,16 @@ class ViTClassifier(L.LightningModule):
             raise ValueError(
                 f"optimizer={optimizer!r}: expected 'adamw', or 'muon' (Muon for the blocks' "
                 "weight matrices, AdamW for the rest: vit/optim.py)."
+            )
+        if not muon_lr_scale > 0:
+            raise ValueError(
+                f"muon_lr_scale={muon_lr_scale} must be positive: the Muon group's learning rate "
+                "is lr times it (1.0: the same as AdamW's, Muon's updates scaled to AdamW's RMS)."
+            )
+        if muon_lr_scale != 1.0 and optimizer != "muon":
+            raise ValueError(
+                f"muon_lr_scale={muon_lr_scale} applies to the Muon group only, and "
+                f"optimizer={optimizer!r} has none: set optimizer: muon, or leave it at 1.0."
             )
         if compile_mode not in get_args(CompileMode):
             raise ValueError(
@@ -326,7 +337,8 @@ class ViTClassifier(L.LightningModule):
         loss = self._shared_step(batch, "train")
         self._check_loss(loss, batch_idx)
         # a CPU tensor: Lightning would copy a float to the GPU, which waits for the GPU
-        lr = torch.tensor(self.optimizers().param_groups[0]["lr"])
+        # the last group is AdamW's in both optimizers: the schedule's lr, not Muon's scaled one
+        lr = torch.tensor(self.optimizers().param_groups[-1]["lr"])
         self.log("train/lr", lr, on_step=True, on_epoch=False)
         return loss
 
@@ -428,7 +440,9 @@ class ViTClassifier(L.LightningModule):
                     "model.optimizer: adamw."
                 )
             optimizer = MuonAdamW(  # the model is on its device: bf16 iterations where fast
-                muon_param_groups(self.model, weight_decay=hp.weight_decay),
+                muon_param_groups(
+                    self.model, weight_decay=hp.weight_decay, lr=hp.lr * hp.muon_lr_scale
+                ),
                 lr=hp.lr,
                 betas=tuple(hp.betas),
             )
@@ -511,9 +525,12 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any
     ]
 
 
-def muon_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
-    """A Muon group of the blocks' weight matrices (decayed), then `param_groups` of the rest
-    (patch projection, head, biases, norms, CLS token, positions) for AdamW."""
+def muon_param_groups(
+    model: nn.Module, *, weight_decay: float, lr: float | None = None
+) -> list[dict[str, Any]]:
+    """A Muon group of the blocks' weight matrices (decayed; its own peak `lr` if given, which
+    the schedule scales as it does the others'), then `param_groups` of the rest (patch
+    projection, head, biases, norms, CLS token, positions) for AdamW."""
     muon = [
         p
         for name, p in model.named_parameters()
@@ -524,7 +541,8 @@ def muon_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str
         dict(group, params=[p for p in group["params"] if id(p) not in taken])
         for group in param_groups(model, weight_decay=weight_decay)
     ]
-    return [{"params": muon, "weight_decay": weight_decay, "use_muon": True}, *rest]
+    group = {"params": muon, "weight_decay": weight_decay, "use_muon": True}
+    return [group if lr is None else dict(group, lr=lr), *rest]
 
 
 class WarmupCosine:
