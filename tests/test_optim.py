@@ -111,6 +111,49 @@ def test_muon_steps_by_the_orthogonalized_momentum_and_decays() -> None:
         MuonAdamW([{"params": [w]}], momentum=1.0)
 
 
+def test_a_split_group_orthogonalizes_each_block_of_rows_on_its_own() -> None:
+    torch.manual_seed(0)
+    w, whole = nn.Parameter(torch.randn(12, 4)), nn.Parameter(torch.randn(12, 4))
+    start = w.detach().clone()
+    opt = MuonAdamW(
+        [{"params": [w], "use_muon": True, "split": 3}, {"params": [whole], "use_muon": True}],
+        lr=0.1,
+        weight_decay=0.0,
+        momentum=0.0,  # the look-ahead is the gradient itself
+        ns_dtype=torch.float32,
+    )
+    w.grad, whole.grad = torch.randn(12, 4), torch.randn(12, 4)
+    opt.step()
+    # each 4 x 4 block by its own orthogonal matrix, scaled for a 4 x 4 matrix (not 12 x 4)
+    blocks = [orthogonalize(g) for g in w.grad.split(4)]
+    torch.testing.assert_close(w.detach(), start - 0.1 * 0.2 * 4**0.5 * torch.cat(blocks))
+    joint = orthogonalize(w.grad)  # what split 1 would do: a different update
+    assert (torch.cat(blocks) - joint).abs().max() > 0.1
+    for bad in (0, 2.0, "3"):
+        with pytest.raises(ValueError, match=f"split={bad!r} must be a whole number"):
+            MuonAdamW([{"params": [w], "use_muon": True, "split": bad}])
+    with pytest.raises(ValueError, match=r"split=5 cuts .* \[\(12, 4\)\]"):
+        MuonAdamW([{"params": [w], "use_muon": True, "split": 5}])
+
+
+def test_muon_split_qkv_puts_qkv_in_a_split_group_and_trains(tmp_path) -> None:
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon", muon_split_qkv=True)
+    groups = muon_param_groups(module.model, weight_decay=0.05, split_qkv=True)
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    assert [g.get("split", 1) for g in groups[:2]] == [1, 3]
+    assert {names[id(p)].rsplit(".", 2)[-2] for p in groups[1]["params"]} == {"qkv"}
+    assert "qkv" not in {names[id(p)].rsplit(".", 2)[-2] for p in groups[0]["params"]}
+    assert sum(len(g["params"]) for g in groups) == len(names)  # every parameter, once
+    qkv = [p for n, p in module.model.named_parameters() if n.endswith("qkv.weight")]
+    start = [p.detach().clone() for p in qkv]
+    trainer = quiet_trainer(tmp_path, max_steps=2, max_epochs=1)
+    trainer.fit(module, random_loader(48))
+    assert [g["split"] for g in trainer.optimizers[0].param_groups[:2]] == [1, 3]
+    assert all((p - s).abs().max() > 0 for p, s in zip(qkv, start, strict=True))
+    with pytest.raises(ValueError, match="optimizer='adamw' does not use Muon"):
+        ViTClassifier(optimizer="adamw", muon_split_qkv=True)
+
+
 def test_muon_groups_take_the_blocks_matrices_only() -> None:
     module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
     groups = muon_param_groups(module.model, weight_decay=0.05)

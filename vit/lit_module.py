@@ -58,7 +58,7 @@ class ViTClassifier(L.LightningModule):
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), patch dropout (`patch_drop_rate`, or by stage of
     training `patch_drop_schedule`), fused AdamW, Muon for the blocks' matrices (`optimizer`,
-    with its own peak learning rate `muon_lr_scale` x lr), torch.compile in fit (`torch_compile`,
+    with its own peak learning rate `muon_lr_scale` x lr, and `muon_split_qkv`), torch.compile in fit (`torch_compile`,
     with `compile_mode`), test-time flip (`test_flip`), and a wall-clock budget
     (`time_budget_min`): the schedule then runs on the fraction of the budget used, reaches its
     end when the time is up, and training stops there (after a last validation).
@@ -109,6 +109,7 @@ class ViTClassifier(L.LightningModule):
         fused_adamw: bool | None = None,
         optimizer: OptimizerName = "adamw",
         muon_lr_scale: float = 1.0,
+        muon_split_qkv: bool = False,
         torch_compile: bool = False,
         compile_mode: CompileMode = "default",
         test_flip: bool = False,
@@ -140,6 +141,11 @@ class ViTClassifier(L.LightningModule):
             raise ValueError(
                 f"muon_lr_scale={muon_lr_scale} applies to the Muon group only, and "
                 f"optimizer={optimizer!r} has none: set optimizer: muon, or leave it at 1.0."
+            )
+        if muon_split_qkv and optimizer != "muon":
+            raise ValueError(
+                f"muon_split_qkv orthogonalizes qkv's blocks in Muon, and optimizer={optimizer!r} "
+                "does not use Muon: set optimizer: muon, or muon_split_qkv: false."
             )
         if compile_mode not in get_args(CompileMode):
             raise ValueError(
@@ -441,7 +447,10 @@ class ViTClassifier(L.LightningModule):
                 )
             optimizer = MuonAdamW(  # the model is on its device: bf16 iterations where fast
                 muon_param_groups(
-                    self.model, weight_decay=hp.weight_decay, lr=hp.lr * hp.muon_lr_scale
+                    self.model,
+                    weight_decay=hp.weight_decay,
+                    lr=hp.lr * hp.muon_lr_scale,
+                    split_qkv=hp.muon_split_qkv,
                 ),
                 lr=hp.lr,
                 betas=tuple(hp.betas),
@@ -526,11 +535,13 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any
 
 
 def muon_param_groups(
-    model: nn.Module, *, weight_decay: float, lr: float | None = None
+    model: nn.Module, *, weight_decay: float, lr: float | None = None, split_qkv: bool = False
 ) -> list[dict[str, Any]]:
     """A Muon group of the blocks' weight matrices (decayed; its own peak `lr` if given, which
     the schedule scales as it does the others'), then `param_groups` of the rest (patch
-    projection, head, biases, norms, CLS token, positions) for AdamW."""
+    projection, head, biases, norms, CLS token, positions) for AdamW. `split_qkv`: the qkv
+    matrices go in a Muon group of their own with split 3, so that the query, key and value
+    projections are orthogonalized one by one (MuonAdamW._muon)."""
     muon = [
         p
         for name, p in model.named_parameters()
@@ -541,8 +552,15 @@ def muon_param_groups(
         dict(group, params=[p for p in group["params"] if id(p) not in taken])
         for group in param_groups(model, weight_decay=weight_decay)
     ]
-    group = {"params": muon, "weight_decay": weight_decay, "use_muon": True}
-    return [group if lr is None else dict(group, lr=lr), *rest]
+    group = {"weight_decay": weight_decay, "use_muon": True} | ({} if lr is None else {"lr": lr})
+    qkv = {
+        id(p) for name, p in model.named_parameters() if split_qkv and name.endswith("qkv.weight")
+    }
+    muon_groups = [
+        dict(group, params=[p for p in muon if id(p) not in qkv]),
+        dict(group, params=[p for p in muon if id(p) in qkv], split=3),
+    ]
+    return [g for g in muon_groups if g["params"]] + rest
 
 
 class WarmupCosine:

@@ -118,11 +118,21 @@ class MuonAdamW(torch.optim.Optimizer):
             momentum=momentum,
             ns_steps=ns_steps,
             use_muon=False,
+            split=1,
         )
         super().__init__(params, defaults)
         muon = [p for group in self.param_groups if group["use_muon"] for p in group["params"]]
         if bad := [tuple(p.shape) for p in muon if p.dim() != 2]:
             raise ValueError(f"Muon takes matrices only; this group has shapes {bad}.")
+        for group in (g for g in self.param_groups if g["use_muon"]):
+            split = group["split"]
+            if not (isinstance(split, int) and split >= 1):
+                raise ValueError(f"split={split!r} must be a whole number >= 1 (3 for qkv).")
+            if bad := [tuple(p.shape) for p in group["params"] if p.shape[0] % split]:
+                raise ValueError(
+                    f"split={split} cuts each matrix's rows into {split} equal blocks, and these "
+                    f"shapes' rows do not divide: {bad}."
+                )
         # None: bf16 where it is fast for these parameters (iteration_dtype), else float32
         self.ns_dtype = ns_dtype or iteration_dtype(muon)
 
@@ -147,8 +157,10 @@ class MuonAdamW(torch.optim.Optimizer):
         """Each matrix's momentum and look-ahead, then one orthogonalization per shape for the
         stack of them: the blocks' matrices come in four shapes, and a batched product of four
         uses two cores better than four small ones (0.86x the time for the recipe's model,
-        float32: experiments/benchmarks/muon_ns.md)."""
-        mu, same_shape = group["momentum"], {}
+        float32: experiments/benchmarks/muon_ns.md). With the group's `split` > 1 each matrix's
+        rows are cut into that many equal blocks, each orthogonalized (and scaled) on its own:
+        qkv's query, key and value projections, as modded-nanogpt's Muon does."""
+        mu, split, same_shape = group["momentum"], group["split"], {}
         for p in params:
             state = self.state[p]
             if not state:
@@ -156,16 +168,17 @@ class MuonAdamW(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1.0 - mu)  # an average of past gradients
             nesterov = p.grad.lerp(buf, mu)  # look ahead along it (Nesterov)
-            same_shape.setdefault((p.shape, p.dtype, p.device), []).append((p, nesterov))
+            blocks = nesterov.reshape(split, p.shape[0] // split, p.shape[1])
+            same_shape.setdefault((blocks.shape[1:], p.dtype, p.device), []).append((p, blocks))
         for (shape, _, _), pairs in same_shape.items():
             updates = orthogonalize(
-                torch.stack([nesterov for _, nesterov in pairs]),
+                torch.cat([blocks for _, blocks in pairs]),
                 steps=group["ns_steps"],
                 dtype=self.ns_dtype,
             )
             scale = 0.2 * math.sqrt(max(shape))  # the RMS of an AdamW update
-            for (p, _), update in zip(pairs, updates, strict=True):
-                p.add_(update, alpha=-group["lr"] * scale)
+            for (p, _), update in zip(pairs, updates.split(split), strict=True):
+                p.add_(update.reshape(p.shape), alpha=-group["lr"] * scale)
 
     def _adamw(self, p: Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]
