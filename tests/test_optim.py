@@ -207,6 +207,28 @@ def test_muon_lr_scale_sets_the_muon_groups_peak_and_the_schedule_scales_both(tm
         ViTClassifier(optimizer="adamw", muon_lr_scale=2.0)
 
 
+def test_a_resume_with_another_optimizer_layout_says_which_to_resume_with(tmp_path) -> None:
+    torch.manual_seed(0)
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
+    trainer = quiet_trainer(tmp_path, max_steps=2, max_epochs=1)
+    trainer.fit(module, random_loader(48))
+    path = tmp_path / "muon.ckpt"
+    trainer.save_checkpoint(path)
+    for other, flag in (
+        (dict(optimizer="muon", muon_split_qkv=True), "--model.muon_split_qkv false"),
+        (dict(optimizer="adamw"), "--model.optimizer muon"),
+    ):
+        resumed = ViTClassifier(preset="vit_nano", **TINY_ARGS, **other)
+        with pytest.raises(ValueError, match=f"a resume needs the same .* {flag}"):
+            quiet_trainer(tmp_path, max_steps=4, max_epochs=2).fit(
+                resumed, random_loader(48), ckpt_path=path
+            )
+    # the same layout resumes; loading the weights into another layout (not a resume) works
+    same = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
+    quiet_trainer(tmp_path, max_steps=3, max_epochs=2).fit(same, random_loader(48), ckpt_path=path)
+    ViTClassifier.load_from_checkpoint(path, optimizer="adamw")
+
+
 def test_muon_refuses_fsdp_which_shards_its_matrices() -> None:
     from types import SimpleNamespace
 

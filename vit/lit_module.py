@@ -406,6 +406,26 @@ class ViTClassifier(L.LightningModule):
         if torch.cuda.is_available():
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
 
+    def _check_resumed_optimizer(self, checkpoint: dict[str, Any]) -> None:
+        """A fit resumed from a checkpoint restores its optimizer state, which fits only the
+        parameter groups it was saved with: say which settings to resume with, before torch's
+        "different number of parameter groups". (Loading weights alone, to evaluate or
+        fine-tune, is not a resume and may change them.)"""
+        trainer = self._trainer
+        if trainer is None or trainer.state.fn != "fit" or not checkpoint.get("optimizer_states"):
+            return
+        saved = checkpoint.get("hyper_parameters") or {}
+        layout = {"optimizer": "adamw", "muon_split_qkv": False}  # defaults: older checkpoints
+        theirs = {key: saved.get(key, default) for key, default in layout.items()}
+        ours = {key: self.hparams[key] for key in layout}
+        if theirs != ours:
+            flags = " ".join(f"--model.{key} {str(v).lower()}" for key, v in theirs.items())
+            raise ValueError(
+                f"--ckpt_path: the checkpoint's optimizer state was saved with {theirs} and this "
+                f"run has {ours}; a resume needs the same optimizer layout. Resume with {flags}, "
+                "or start a fresh run without --ckpt_path."
+            )
+
     def _micro_metric_states(self, state_dict: dict[str, Any]) -> None:
         """Sum per-class accuracy counts (`metrics.*.tp` etc., shape (C,)) into the micro counts
         (1,) this module keeps, in place. Checkpoints from before val/acc became micro (session
@@ -424,6 +444,7 @@ class ViTClassifier(L.LightningModule):
                 state_dict[key] = value.sum().reshape(1).to(mine.dtype)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._check_resumed_optimizer(checkpoint)
         for key in ("state_dict", "current_model_state"):  # the latter: the EMA's live weights
             if isinstance(checkpoint.get(key), dict):
                 self._micro_metric_states(checkpoint[key])
