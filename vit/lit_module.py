@@ -58,10 +58,11 @@ class ViTClassifier(L.LightningModule):
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), patch dropout (`patch_drop_rate`, or by stage of
     training `patch_drop_schedule`), fused AdamW, Muon for the blocks' matrices (`optimizer`,
-    with its own peak learning rate `muon_lr_scale` x lr, and `muon_split_qkv`), torch.compile in fit (`torch_compile`,
-    with `compile_mode`), test-time flip (`test_flip`), and a wall-clock budget
-    (`time_budget_min`): the schedule then runs on the fraction of the budget used, reaches its
-    end when the time is up, and training stops there (after a last validation).
+    with its own peak learning rate `muon_lr_scale` x lr, and `muon_split_qkv`), torch.compile
+    in fit (`torch_compile`, with `compile_mode`), test-time flip (`test_flip`), and a
+    wall-clock budget (`time_budget_min`): the schedule then runs on the fraction of the budget
+    used, reaches its end when the time is up, and training stops there (after a last
+    validation).
 
     Model sizes come from `preset`; any size argument left at None takes the preset's value, so a
     config can say `preset: vit_tiny` and override one thing. Plain values only, so that
