@@ -203,7 +203,7 @@ def test_muon_lr_scale_sets_the_muon_groups_peak_and_the_schedule_scales_both(tm
     for bad in (0.0, -1.0):
         with pytest.raises(ValueError, match=f"muon_lr_scale={bad} must be positive"):
             ViTClassifier(optimizer="muon", muon_lr_scale=bad)
-    with pytest.raises(ValueError, match="optimizer='adamw' has none: set optimizer: muon"):
+    with pytest.raises(ValueError, match="has none: set optimizer: muon, or muon_lr_scale: 1.0"):
         ViTClassifier(optimizer="adamw", muon_lr_scale=2.0)
 
 

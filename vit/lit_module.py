@@ -141,7 +141,8 @@ class ViTClassifier(L.LightningModule):
         if muon_lr_scale != 1.0 and optimizer != "muon":
             raise ValueError(
                 f"muon_lr_scale={muon_lr_scale} applies to the Muon group only, and "
-                f"optimizer={optimizer!r} has none: set optimizer: muon, or leave it at 1.0."
+                f"optimizer={optimizer!r} has none: set optimizer: muon, or muon_lr_scale: 1.0 "
+                "(--model.muon_lr_scale 1.0 over a config that sets it, such as cpu60.yaml)."
             )
         if muon_split_qkv and optimizer != "muon":
             raise ValueError(
