@@ -154,6 +154,55 @@ def test_muon_split_qkv_puts_qkv_in_a_split_group_and_trains(tmp_path) -> None:
         ViTClassifier(optimizer="adamw", muon_split_qkv=True)
 
 
+@pytest.mark.parametrize("spt", [True, False])
+def test_muon_patch_embed_puts_the_patch_projection_in_muon_and_trains(tmp_path, spt) -> None:
+    """With shifted patch tokens the projection is an nn.Linear (a matrix); without, a conv
+    whose filter Muon takes as its out x in*k*k matrix, and gives back in the filter's shape."""
+    torch.manual_seed(0)
+    module = ViTClassifier(
+        preset="vit_nano", **TINY_ARGS, spt=spt, optimizer="muon", muon_patch_embed=True
+    )
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    groups = muon_param_groups(module.model, weight_decay=0.05, patch_embed=True)
+    assert "patch_embed.proj.weight" in {names[id(p)] for p in groups[0]["params"]}
+    assert sum(len(g["params"]) for g in groups) == len(names)  # every parameter, once
+    weight = module.model.patch_embed.proj.weight
+    assert weight.ndim == (2 if spt else 4)
+    start = weight.detach().clone()
+    trainer = quiet_trainer(tmp_path, max_steps=1, max_epochs=1)
+    trainer.fit(module, random_loader(48))
+    opt = trainer.optimizers[0]
+    assert any(p is weight for g in opt.param_groups if g["use_muon"] for p in g["params"])
+    # one step from zero momentum: decay, then the orthogonalized look-ahead (0.05 + 0.95*0.05)
+    # of the gradient, scaled as the group's matrices are; the same as for the flat matrix
+    group = next(g for g in opt.param_groups if any(p is weight for p in g["params"]))
+    grad = opt.state[weight]["momentum_buffer"] / 0.05  # the buffer is 0.05 g after one step
+    flat = grad.reshape(grad.shape[0], -1)
+    update = orthogonalize(flat * (0.05 + 0.95 * 0.05), dtype=opt.ns_dtype).reshape(weight.shape)
+    lr, scale = group["lr"], 0.2 * max(flat.shape) ** 0.5
+    expected = start * (1 - lr * group["weight_decay"]) - lr * scale * update
+    torch.testing.assert_close(weight.detach(), expected, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"muon_patch_embed=True: .* muon_patch_embed: false"):
+        ViTClassifier(optimizer="adamw", muon_patch_embed=True)
+
+
+def test_muon_momentum_reaches_the_optimizer_and_is_checked(tmp_path) -> None:
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon", muon_momentum=0.8)
+    trainer = quiet_trainer(tmp_path, max_steps=1, max_epochs=1)
+    trainer.fit(module, random_loader(48))
+    muon = [g for g in trainer.optimizers[0].param_groups if g["use_muon"]]
+    assert muon and all(g["momentum"] == 0.8 for g in muon)
+    state = trainer.optimizers[0].state[muon[0]["params"][0]]
+    grad = muon[0]["params"][0].grad
+    torch.testing.assert_close(state["momentum_buffer"], 0.2 * grad)  # (1 - 0.8) g, from zero
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match=rf"muon_momentum={bad} must be in \[0, 1\)"):
+            ViTClassifier(optimizer="muon", muon_momentum=bad)
+    # two Muon settings over AdamW: both named, with the flags that turn them off
+    with pytest.raises(ValueError, match="--model.muon_momentum 0.95 --model.muon_patch_embed"):
+        ViTClassifier(optimizer="adamw", muon_momentum=0.9, muon_patch_embed=True)
+
+
 def test_muon_groups_take_the_blocks_matrices_only() -> None:
     module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
     groups = muon_param_groups(module.model, weight_decay=0.05)
@@ -203,7 +252,7 @@ def test_muon_lr_scale_sets_the_muon_groups_peak_and_the_schedule_scales_both(tm
     for bad in (0.0, -1.0):
         with pytest.raises(ValueError, match=f"muon_lr_scale={bad} must be positive"):
             ViTClassifier(optimizer="muon", muon_lr_scale=bad)
-    with pytest.raises(ValueError, match="has none: set optimizer: muon, or muon_lr_scale: 1.0"):
+    with pytest.raises(ValueError, match="set optimizer: muon, or muon_lr_scale: 1.0 "):
         ViTClassifier(optimizer="adamw", muon_lr_scale=2.0)
 
 
@@ -216,6 +265,7 @@ def test_a_resume_with_another_optimizer_layout_says_which_to_resume_with(tmp_pa
     trainer.save_checkpoint(path)
     for other, flag in (
         (dict(optimizer="muon", muon_split_qkv=True), "--model.muon_split_qkv false"),
+        (dict(optimizer="muon", muon_patch_embed=True), "--model.muon_patch_embed false"),
         (dict(optimizer="adamw"), "--model.optimizer muon"),
     ):
         resumed = ViTClassifier(preset="vit_nano", **TINY_ARGS, **other)

@@ -58,7 +58,8 @@ class ViTClassifier(L.LightningModule):
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), patch dropout (`patch_drop_rate`, or by stage of
     training `patch_drop_schedule`), fused AdamW, Muon for the blocks' matrices (`optimizer`,
-    with its own peak learning rate `muon_lr_scale` x lr, and `muon_split_qkv`), torch.compile
+    with its own peak learning rate `muon_lr_scale` x lr, `muon_momentum`, `muon_split_qkv` and
+    `muon_patch_embed`), torch.compile
     in fit (`torch_compile`, with `compile_mode`), test-time flip (`test_flip`), and a
     wall-clock budget (`time_budget_min`): the schedule then runs on the fraction of the budget
     used, reaches its end when the time is up, and training stops there (after a last
@@ -111,6 +112,8 @@ class ViTClassifier(L.LightningModule):
         optimizer: OptimizerName = "adamw",
         muon_lr_scale: float = 1.0,
         muon_split_qkv: bool = False,
+        muon_momentum: float = 0.95,
+        muon_patch_embed: bool = False,
         torch_compile: bool = False,
         compile_mode: CompileMode = "default",
         test_flip: bool = False,
@@ -138,16 +141,27 @@ class ViTClassifier(L.LightningModule):
                 f"muon_lr_scale={muon_lr_scale} must be positive: the Muon group's learning rate "
                 "is lr times it (1.0: the same as AdamW's, Muon's updates scaled to AdamW's RMS)."
             )
-        if muon_lr_scale != 1.0 and optimizer != "muon":
+        if not 0.0 <= muon_momentum < 1.0:
             raise ValueError(
-                f"muon_lr_scale={muon_lr_scale} applies to the Muon group only, and "
-                f"optimizer={optimizer!r} has none: set optimizer: muon, or muon_lr_scale: 1.0 "
-                "(--model.muon_lr_scale 1.0 over a config that sets it, such as cpu60.yaml)."
+                f"muon_momentum={muon_momentum} must be in [0, 1), e.g. Muon's 0.95 (the weight "
+                "of the past in Muon's momentum of the gradient)."
             )
-        if muon_split_qkv and optimizer != "muon":
+        muon_only = {  # the Muon group's settings, each with its value that asks nothing of it
+            "muon_lr_scale": (muon_lr_scale, 1.0),
+            "muon_momentum": (muon_momentum, 0.95),
+            "muon_split_qkv": (muon_split_qkv, False),
+            "muon_patch_embed": (muon_patch_embed, False),
+        }
+        if optimizer != "muon" and (
+            set_ := {k: off for k, (v, off) in muon_only.items() if v != off}
+        ):
+            values = ", ".join(f"{k}={muon_only[k][0]}" for k in set_)
+            unset = ", ".join(f"{k}: {str(off).lower()}" for k, off in set_.items())
+            flags = " ".join(f"--model.{k} {str(off).lower()}" for k, off in set_.items())
             raise ValueError(
-                f"muon_split_qkv orthogonalizes qkv's blocks in Muon, and optimizer={optimizer!r} "
-                "does not use Muon: set optimizer: muon, or muon_split_qkv: false."
+                f"{values}: Muon's settings, and optimizer={optimizer!r} does not use Muon (it "
+                f"has no Muon group): set optimizer: muon, or {unset} ({flags} over a config "
+                "that sets them, such as cpu60.yaml)."
             )
         if compile_mode not in get_args(CompileMode):
             raise ValueError(
@@ -417,7 +431,8 @@ class ViTClassifier(L.LightningModule):
         if trainer is None or trainer.state.fn != "fit" or not checkpoint.get("optimizer_states"):
             return
         saved = checkpoint.get("hyper_parameters") or {}
-        layout = {"optimizer": "adamw", "muon_split_qkv": False}  # defaults: older checkpoints
+        layout = {"optimizer": "adamw", "muon_split_qkv": False, "muon_patch_embed": False}
+        # (the defaults: what older checkpoints, saved before a key existed, were trained with)
         theirs = {key: saved.get(key, default) for key, default in layout.items()}
         ours = {key: self.hparams[key] for key in layout}
         if theirs != ours:
@@ -474,9 +489,11 @@ class ViTClassifier(L.LightningModule):
                     weight_decay=hp.weight_decay,
                     lr=hp.lr * hp.muon_lr_scale,
                     split_qkv=hp.muon_split_qkv,
+                    patch_embed=hp.muon_patch_embed,
                 ),
                 lr=hp.lr,
                 betas=tuple(hp.betas),
+                momentum=hp.muon_momentum,
             )
         else:
             optimizer = torch.optim.AdamW(
@@ -558,17 +575,27 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any
 
 
 def muon_param_groups(
-    model: nn.Module, *, weight_decay: float, lr: float | None = None, split_qkv: bool = False
+    model: nn.Module,
+    *,
+    weight_decay: float,
+    lr: float | None = None,
+    split_qkv: bool = False,
+    patch_embed: bool = False,
 ) -> list[dict[str, Any]]:
     """A Muon group of the blocks' weight matrices (decayed; its own peak `lr` if given, which
     the schedule scales as it does the others'), then `param_groups` of the rest (patch
     projection, head, biases, norms, CLS token, positions) for AdamW. `split_qkv`: the qkv
     matrices go in a Muon group of their own with split 3, so that the query, key and value
-    projections are orthogonalized one by one (MuonAdamW._muon)."""
+    projections are orthogonalized one by one (MuonAdamW._muon). `patch_embed`: the patch
+    projection's weight joins the Muon group (a conv filter as its out x in*k*k matrix)."""
     muon = [
         p
         for name, p in model.named_parameters()
-        if p.requires_grad and name.startswith("blocks.") and p.ndim == 2
+        if p.requires_grad
+        and (
+            (name.startswith("blocks.") and p.ndim == 2)
+            or (patch_embed and name == "patch_embed.proj.weight")
+        )
     ]
     taken = {id(p) for p in muon}
     rest = [

@@ -6,7 +6,8 @@ U V^T of its SVD U S V^T, every singular value set to about one, computed by a f
 iterations (matrix products only). Every direction of the matrix then moves by about the same
 amount, instead of the few that dominate the gradient. It is meant for the hidden 2-D weights:
 here the blocks' qkv, projection and MLP matrices. The patch projection, the head, biases, norms,
-the CLS token and the positions stay with AdamW, as in Muon's own recipe.
+the CLS token and the positions stay with AdamW, as in Muon's own recipe (the patch projection may
+join Muon: `muon_param_groups(patch_embed=True)`).
 
 The update is scaled by 0.2 * sqrt(max(rows, cols)) ("Muon is Scalable for LLM Training", Liu et
 al. 2025) so that its RMS matches a typical AdamW update: the learning rate, weight decay
@@ -122,8 +123,11 @@ class MuonAdamW(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         muon = [p for group in self.param_groups if group["use_muon"] for p in group["params"]]
-        if bad := [tuple(p.shape) for p in muon if p.dim() != 2]:
-            raise ValueError(f"Muon takes matrices only; this group has shapes {bad}.")
+        if bad := [tuple(p.shape) for p in muon if p.dim() < 2]:
+            raise ValueError(
+                f"Muon takes matrices only (a conv filter counts as one, out x in*k*k); this "
+                f"group has shapes {bad}."
+            )
         for group in (g for g in self.param_groups if g["use_muon"]):
             split = group["split"]
             if not (isinstance(split, int) and split >= 1):
@@ -168,7 +172,7 @@ class MuonAdamW(torch.optim.Optimizer):
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1.0 - mu)  # an average of past gradients
             nesterov = p.grad.lerp(buf, mu)  # look ahead along it (Nesterov)
-            blocks = nesterov.reshape(split, p.shape[0] // split, p.shape[1])
+            blocks = nesterov.reshape(split, p.shape[0] // split, -1)  # a filter: out x in*k*k
             same_shape.setdefault((blocks.shape[1:], p.dtype, p.device), []).append((p, blocks))
         for (shape, _, _), pairs in same_shape.items():
             updates = orthogonalize(
