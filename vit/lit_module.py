@@ -21,7 +21,7 @@ from vit.attention import Kernel
 from vit.augment import check_mix_args, mix_batch
 from vit.evaluate import flip_averaged_logits
 from vit.model import VisionTransformer, model_config
-from vit.optim import MuonAdamW
+from vit.optim import MuonAdamW, check_momentum
 
 Stage = Literal["train", "val", "test"]
 OptimizerName = Literal["adamw", "muon"]
@@ -141,11 +141,7 @@ class ViTClassifier(L.LightningModule):
                 f"muon_lr_scale={muon_lr_scale} must be positive: the Muon group's learning rate "
                 "is lr times it (1.0: the same as AdamW's, Muon's updates scaled to AdamW's RMS)."
             )
-        if not 0.0 <= muon_momentum < 1.0:
-            raise ValueError(
-                f"muon_momentum={muon_momentum} must be in [0, 1), e.g. Muon's 0.95 (the weight "
-                "of the past in Muon's momentum of the gradient)."
-            )
+        check_momentum(muon_momentum, "muon_momentum")  # here, before any data is read
         muon_only = {  # the Muon group's settings, each with its value that asks nothing of it
             "muon_lr_scale": (muon_lr_scale, 1.0),
             "muon_momentum": (muon_momentum, 0.95),
@@ -153,11 +149,11 @@ class ViTClassifier(L.LightningModule):
             "muon_patch_embed": (muon_patch_embed, False),
         }
         if optimizer != "muon" and (
-            set_ := {k: off for k, (v, off) in muon_only.items() if v != off}
+            set_ := {k: (v, off) for k, (v, off) in muon_only.items() if v != off}
         ):
-            values = ", ".join(f"{k}={muon_only[k][0]}" for k in set_)
-            unset = ", ".join(f"{k}: {str(off).lower()}" for k, off in set_.items())
-            flags = " ".join(f"--model.{k} {str(off).lower()}" for k, off in set_.items())
+            values = ", ".join(f"{k}={v}" for k, (v, _) in set_.items())
+            unset = ", ".join(f"{k}: {str(off).lower()}" for k, (_, off) in set_.items())
+            flags = " ".join(f"--model.{k} {str(off).lower()}" for k, (_, off) in set_.items())
             raise ValueError(
                 f"{values}: Muon's settings, and optimizer={optimizer!r} does not use Muon (it "
                 f"has no Muon group): set optimizer: muon, or {unset} ({flags} over a config "

@@ -90,6 +90,12 @@ def iteration_dtype(params: Iterable[Tensor]) -> torch.dtype:
     return torch.bfloat16 if on_gpu or cpu_has_fast_bf16() else torch.float32
 
 
+def check_momentum(momentum: float, name: str = "momentum") -> None:
+    """Muon's momentum (the weight of the past in its average of the gradient) is in [0, 1)."""
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"{name}={momentum} must be in [0, 1), e.g. Muon's 0.95.")
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """One optimizer, two rules: groups with `use_muon=True` take Muon's update, the others
     AdamW's (the same update as torch.optim.AdamW, tested). Both decay weights as AdamW does,
@@ -109,8 +115,7 @@ class MuonAdamW(torch.optim.Optimizer):
         ns_steps: int = 5,
         ns_dtype: torch.dtype | None = None,
     ) -> None:
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum={momentum} must be in [0, 1), e.g. Muon's 0.95.")
+        check_momentum(momentum)
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
