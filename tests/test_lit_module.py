@@ -356,6 +356,7 @@ def test_time_budget_anneals_to_zero_and_stops_when_the_time_is_up(tmp_path) -> 
     trainer.fit(module, random_loader(32), random_loader(16))
     assert trainer.current_epoch < 999 and 20 <= trainer.global_step <= 40  # 60 s at ~2 s a step
     assert module.progress() == 1.0
+    assert module._off_clock_s == 0.0  # eager: every second is on the schedule's clock
     assert max(lrs) == pytest.approx(1e-3, rel=0.05) and lrs[-1] < 5e-5  # warmed up, annealed
     assert trainer.optimizers[0].param_groups[0]["lr"] < 1e-6  # at zero when the time is up
     assert "val/acc" in trainer.callback_metrics  # the stop ran a final validation
@@ -386,6 +387,43 @@ def test_time_budget_with_linear_decay_steps_the_lr_down_evenly(tmp_path) -> Non
     assert len(falls) >= 15 and max(lrs) == pytest.approx(1e-3, rel=0.1)
     assert max(falls) - min(falls) < 0.1 * max(falls)  # a straight line (a cosine's vary 0-2x)
     assert lrs[-1] < 1.5 * max(falls)  # the last step ran at most one fall above zero
+
+
+def test_time_budget_compiles_do_not_spend_the_warmup(tmp_path, monkeypatch) -> None:
+    """With torch_compile, the first training step and the first validation of a fit (where it
+    compiles: here 20 s and 10 s of a 60 s budget, faked) count toward the budget but not toward
+    the schedule: the warm-up still ramps over the training steps around them."""
+    args = dict(TINY_ARGS, time_budget_min=1.0, warmup_fraction=0.3, torch_compile=True)
+    module = ViTClassifier(preset="vit_nano", **args)
+    monkeypatch.setattr(module.model, "compile", lambda **kwargs: None)  # the compile's time: faked
+    monkeypatch.setattr("vit.lit_module.check_cpp_compiler", lambda: None)
+    clock = module._clock = FakeClock(tick=0.5)
+    lrs, compiled = [], set()
+
+    def compile_once(m, args) -> None:
+        if m.training not in compiled:  # the first training forward, the first eval forward
+            compiled.add(m.training)
+            clock.now += 20.0 if m.training else 10.0
+
+    module.model.register_forward_pre_hook(compile_once)
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1000, num_sanity_val_steps=0, callbacks=[Record()])
+    trainer.fit(module, random_loader(64), random_loader(16))  # 4 steps, then validation
+    # the warm-up (30% of the ~30 s left, ~1 s a step) spans the first validation, rising
+    assert lrs[1] < 0.2e-3 and all(a < b for a, b in zip(lrs[1:8], lrs[2:9], strict=True))
+    assert 30.0 <= module._off_clock_s < 33.0
+    assert max(lrs) == pytest.approx(1e-3, rel=0.05) and module.progress() == 1.0
+    assert 60.0 <= module.elapsed_s() < 64.0  # the stop: the whole budget, compiles included
+    assert trainer.optimizers[0].param_groups[0]["lr"] < 1e-5  # and the lr ~zero there (1% of peak)
+    saved: dict = {}
+    module.on_save_checkpoint(saved)
+    resumed = ViTClassifier(preset="vit_nano", **args)
+    resumed.on_load_checkpoint(saved)
+    assert resumed._off_clock_s == module._off_clock_s  # a resume keeps them off the clock
 
 
 def test_time_budget_refuses_validation_every_other_epoch(tmp_path) -> None:
