@@ -1,8 +1,8 @@
 """curve.csv for this run: its TensorBoard events did not come back from the device, only metrics.csv.
 
-The run's schedule (model.time_budget_min 7.0, warmup_fraction 0.05, cosine to 0) sets the learning
-rate from the wall clock, so each logged lr gives the minutes since training started:
-lr / peak = 0.5 * (1 + cos(pi * q)), q = (p - 0.05) / 0.95, minutes = 7.0 * p. Each validation
+The run's schedule (its hparams.yaml: lr, warmup_fraction, time_budget_min; cosine to 0) sets the
+learning rate from the wall clock, so each logged lr gives the minutes since training started:
+lr / peak = 0.5 * (1 + cos(pi * q)), q = (p - warmup) / (1 - warmup), minutes = budget * p. Each validation
 point takes the minutes of the nearest logged lr at or before its step (logged every 50 steps,
 about 2 s apart). Run from the repo root: python <this file>; then plot_curve.py --from-csv.
 """
@@ -11,8 +11,11 @@ import csv
 import math
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).parent
-PEAK, WARM, BUDGET = 2e-3, 0.05, 7.0
+HP = yaml.safe_load((HERE / "hparams.yaml").read_text())
+PEAK, WARM, BUDGET = HP["lr"], HP["warmup_fraction"], HP["time_budget_min"]
 LABEL = "cifar10_full.yaml, batch 512, 7-min budget, H200, seed 0"
 
 rows = list(csv.DictReader((HERE / "metrics.csv").open()))
