@@ -421,10 +421,12 @@ def fast_step_main(args: argparse.Namespace) -> None:
 
 
 def muon_ns_main(args: argparse.Namespace) -> None:
-    """Muon's float32 Newton-Schulz iterations for the 16 matrices of today's cpu60 model, in the
-    forms vit.optim has: each matrix alone or each shape's matrices as one stack (MuonAdamW's
-    way), each with the textbook loop or on the Gram matrix (orthogonalize's float32 choice for
-    wide and tall matrices). The same results to float32 rounding (tests/test_optim.py)."""
+    """Muon's Newton-Schulz iterations for the 16 matrices of today's cpu60 model, in the forms
+    vit.optim has: in float32, each matrix alone or each shape's matrices as one stack
+    (MuonAdamW's way), each with the textbook loop or on the Gram matrix (orthogonalize's float32
+    choice for wide and tall matrices), the same results to float32 rounding
+    (tests/test_optim.py); and the stacked loop in bfloat16, the dtype MuonAdamW picks where bf16
+    products are fast (iteration_dtype)."""
     from vit import optim
     from vit.lit_module import muon_param_groups
     from vit.model import create_model
@@ -437,10 +439,10 @@ def muon_ns_main(args: argparse.Namespace) -> None:
         stacks.setdefault(m.shape, []).append(m)
     stacks = [torch.stack(ms) for ms in stacks.values()]
 
-    def form(*, stacked: bool, gram: bool):
+    def form(*, stacked: bool, gram: bool, dtype: torch.dtype = torch.float32):
         def run() -> None:
             for g in stacks if stacked else mats:
-                optim.orthogonalize(g, dtype=torch.float32, gram=gram)
+                optim.orthogonalize(g, dtype=dtype, gram=gram)
 
         return run
 
@@ -451,6 +453,7 @@ def muon_ns_main(args: argparse.Namespace) -> None:
         for stacked in (False, True)
         for gram in (False, True)
     }
+    steps["stacked, bfloat16 loop"] = form(stacked=True, gram=False, dtype=torch.bfloat16)
     secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
     base = "per matrix, loop"
     rows = [
@@ -461,7 +464,8 @@ def muon_ns_main(args: argparse.Namespace) -> None:
         rows,
         stem="muon_ns",
         command=f"python scripts/ablate_speed.py --muon-ns --rounds {args.rounds}",
-        about="Muon's float32 iterations, 5 steps, for the 16 matrices of today's cpu60 model: 4 "
+        about="Muon's iterations (float32 forms, and the stacked loop in bfloat16), 5 steps, for "
+        "the 16 matrices of today's cpu60 model: 4 "
         "each of 576x192, 192x192, 384x192, 192x384; median of rounds, interleaved; "
         f"{torch.get_num_threads()} threads",
         header=("form", f"vs {base}"),
@@ -787,7 +791,7 @@ def main() -> None:
         "--muon", action="store_true", help="curriculum stages at depth 4: AdamW vs Muon"
     )
     p.add_argument(
-        "--muon-ns", action="store_true", help="Muon's float32 iterations: loop vs Gram, stacked"
+        "--muon-ns", action="store_true", help="Muon's iterations: loop vs Gram, stacked, bf16"
     )
     p.add_argument(
         "--precision",

@@ -100,8 +100,9 @@ def test_muon_stages_time_the_two_optimizers_at_the_precision_asked(monkeypatch)
 
 
 def test_muon_ns_times_each_form_on_the_recipes_matrices(monkeypatch, tmp_path) -> None:
-    """--muon-ns: four forms over the 16 matrices of the recipe's model; only the Gram-form ones
-    iterate on the Gram matrix (three wide or tall shapes of four), and the ratio is to the loop."""
+    """--muon-ns: four float32 forms and the stacked bfloat16 loop over the 16 matrices of the
+    recipe's model; only the Gram-form ones iterate on the Gram matrix (three wide or tall shapes
+    of four), only the last runs in bfloat16, and the ratio is to the loop."""
     from vit import optim
 
     gram_calls, shapes = {}, []
@@ -121,7 +122,9 @@ def test_muon_ns_times_each_form_on_the_recipes_matrices(monkeypatch, tmp_path) 
     monkeypatch.setattr(ablate.bench, "OUT", tmp_path)
     monkeypatch.setattr(optim, "_iterate_on_the_gram", gram)
     monkeypatch.setattr(
-        optim, "orthogonalize", lambda g, **kw: shapes.append(g.shape) or real_orth(g, **kw)
+        optim,
+        "orthogonalize",
+        lambda g, **kw: shapes.append((g.shape, kw["dtype"])) or real_orth(g, **kw),
     )
     ablate.muon_ns_main(ablate.argparse.Namespace(rounds=1))
     assert gram_calls == {
@@ -129,11 +132,14 @@ def test_muon_ns_times_each_form_on_the_recipes_matrices(monkeypatch, tmp_path) 
         "per matrix, Gram form": 12,
         "stacked, loop": 0,
         "stacked, Gram form": 3,
+        "stacked, bfloat16 loop": 0,
     }
-    assert sorted(set(shapes)) == sorted(
-        {(576, 192), (192, 192), (384, 192), (192, 384)}
-        | {(4, 576, 192), (4, 192, 192), (4, 384, 192), (4, 192, 384)}
-    )
+    single = {(576, 192), (192, 192), (384, 192), (192, 384)}
+    stacked = {(4, *s) for s in single}
+    assert set(shapes) == {(s, torch.float32) for s in single | stacked} | {
+        (s, torch.bfloat16) for s in stacked
+    }
     assert optim.GRAM_FORM_RATIO == 1.5  # put back
     table = (tmp_path / "muon_ns.md").read_text()
     assert "| stacked, Gram form | 4000.0 | 0.25x |" in table
+    assert "| stacked, bfloat16 loop | 5000.0 | 0.20x |" in table
