@@ -192,6 +192,25 @@ def test_muon_patch_embed_puts_the_patch_projection_in_muon_and_trains(
         ViTClassifier(optimizer="adamw", muon_patch_embed=True)
 
 
+def test_muon_ns_steps_reaches_the_iterations_and_is_checked(tmp_path, monkeypatch) -> None:
+    steps_seen = []
+    real = optim.orthogonalize
+    monkeypatch.setattr(
+        optim, "orthogonalize", lambda g, **kw: steps_seen.append(kw["steps"]) or real(g, **kw)
+    )
+    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon", muon_ns_steps=3)
+    trainer = quiet_trainer(tmp_path, max_steps=1, max_epochs=1)
+    trainer.fit(module, random_loader(48))
+    muon = [g for g in trainer.optimizers[0].param_groups if g["use_muon"]]
+    assert muon and all(g["ns_steps"] == 3 for g in muon)
+    assert steps_seen and set(steps_seen) == {3}
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=r"muon_ns_steps=.*: expected a whole number"):
+            ViTClassifier(optimizer="muon", muon_ns_steps=bad)
+    with pytest.raises(ValueError, match="--model.muon_ns_steps 5"):
+        ViTClassifier(optimizer="adamw", muon_ns_steps=3)
+
+
 def test_muon_momentum_reaches_the_optimizer_and_is_checked(tmp_path) -> None:
     module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon", muon_momentum=0.8)
     trainer = quiet_trainer(tmp_path, max_steps=1, max_epochs=1)

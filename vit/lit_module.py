@@ -58,8 +58,8 @@ class ViTClassifier(L.LightningModule):
     Options for short or long budgets: mixup/CutMix (`mixup_alpha`, `cutmix_alpha`), a
     low-resolution curriculum (`res_schedule`), patch dropout (`patch_drop_rate`, or by stage of
     training `patch_drop_schedule`), fused AdamW, Muon for the blocks' matrices (`optimizer`,
-    with its own peak learning rate `muon_lr_scale` x lr, `muon_momentum`, `muon_split_qkv` and
-    `muon_patch_embed`), torch.compile
+    with its own peak learning rate `muon_lr_scale` x lr, `muon_momentum`, `muon_ns_steps`,
+    `muon_split_qkv` and `muon_patch_embed`), torch.compile
     in fit (`torch_compile`, with `compile_mode`), test-time flip (`test_flip`), and a
     wall-clock budget (`time_budget_min`): the schedule then runs on the fraction of the budget
     used, reaches its end when the time is up, and training stops there (after a last
@@ -116,6 +116,7 @@ class ViTClassifier(L.LightningModule):
         muon_lr_scale: float = 1.0,
         muon_split_qkv: bool = False,
         muon_momentum: float = 0.95,
+        muon_ns_steps: int = 5,
         muon_patch_embed: bool = False,
         torch_compile: bool = False,
         compile_mode: CompileMode = "default",
@@ -145,9 +146,19 @@ class ViTClassifier(L.LightningModule):
                 "is lr times it (1.0: the same as AdamW's, Muon's updates scaled to AdamW's RMS)."
             )
         check_momentum(muon_momentum, "muon_momentum")  # here, before any data is read
+        if (
+            isinstance(muon_ns_steps, bool)
+            or not isinstance(muon_ns_steps, int)
+            or muon_ns_steps < 1
+        ):
+            raise ValueError(
+                f"muon_ns_steps={muon_ns_steps!r}: expected a whole number of Newton-Schulz "
+                "iterations, 1 or more (Muon's default is 5; fewer are cheaper and less exact)."
+            )
         muon_only = {  # the Muon group's settings, each with its value that asks nothing of it
             "muon_lr_scale": (muon_lr_scale, 1.0),
             "muon_momentum": (muon_momentum, 0.95),
+            "muon_ns_steps": (muon_ns_steps, 5),
             "muon_split_qkv": (muon_split_qkv, False),
             "muon_patch_embed": (muon_patch_embed, False),
         }
@@ -531,6 +542,7 @@ class ViTClassifier(L.LightningModule):
                 lr=hp.lr,
                 betas=tuple(hp.betas),
                 momentum=hp.muon_momentum,
+                ns_steps=hp.muon_ns_steps,
             )
         else:
             optimizer = torch.optim.AdamW(
