@@ -209,6 +209,8 @@ def test_muon_ns_steps_reaches_the_iterations_and_is_checked(tmp_path, monkeypat
             ViTClassifier(optimizer="muon", muon_ns_steps=bad)
     with pytest.raises(ValueError, match="--model.muon_ns_steps 5"):
         ViTClassifier(optimizer="adamw", muon_ns_steps=3)
+    with pytest.raises(ValueError, match=r"ns_steps=0: expected a whole number"):
+        MuonAdamW([{"params": [nn.Parameter(torch.ones(2, 2))], "use_muon": True}], ns_steps=0)
 
 
 def test_muon_momentum_reaches_the_optimizer_and_is_checked(tmp_path) -> None:

@@ -21,7 +21,7 @@ from vit.attention import Kernel
 from vit.augment import check_mix_args, mix_batch
 from vit.evaluate import flip_averaged_logits
 from vit.model import VisionTransformer, model_config
-from vit.optim import MuonAdamW, check_momentum
+from vit.optim import MuonAdamW, check_momentum, check_ns_steps
 
 Stage = Literal["train", "val", "test"]
 OptimizerName = Literal["adamw", "muon"]
@@ -146,15 +146,7 @@ class ViTClassifier(L.LightningModule):
                 "is lr times it (1.0: the same as AdamW's, Muon's updates scaled to AdamW's RMS)."
             )
         check_momentum(muon_momentum, "muon_momentum")  # here, before any data is read
-        if (
-            isinstance(muon_ns_steps, bool)
-            or not isinstance(muon_ns_steps, int)
-            or muon_ns_steps < 1
-        ):
-            raise ValueError(
-                f"muon_ns_steps={muon_ns_steps!r}: expected a whole number of Newton-Schulz "
-                "iterations, 1 or more (Muon's default is 5; fewer are cheaper and less exact)."
-            )
+        check_ns_steps(muon_ns_steps, "muon_ns_steps")
         muon_only = {  # the Muon group's settings, each with its value that asks nothing of it
             "muon_lr_scale": (muon_lr_scale, 1.0),
             "muon_momentum": (muon_momentum, 0.95),

@@ -96,6 +96,15 @@ def check_momentum(momentum: float, name: str = "momentum") -> None:
         raise ValueError(f"{name}={momentum} must be in [0, 1), e.g. Muon's 0.95.")
 
 
+def check_ns_steps(ns_steps: int, name: str = "ns_steps") -> None:
+    """Newton-Schulz iterations per Muon step: a whole number, 1 or more."""
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
+        raise ValueError(
+            f"{name}={ns_steps!r}: expected a whole number of Newton-Schulz iterations, 1 or "
+            "more (Muon's default is 5; fewer are cheaper and less exact)."
+        )
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """One optimizer, two rules: groups with `use_muon=True` take Muon's update, the others
     AdamW's (the same update as torch.optim.AdamW, tested). Both decay weights as AdamW does,
@@ -116,6 +125,7 @@ class MuonAdamW(torch.optim.Optimizer):
         ns_dtype: torch.dtype | None = None,
     ) -> None:
         check_momentum(momentum)
+        check_ns_steps(ns_steps)
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
