@@ -67,6 +67,31 @@ times float32 training steps (the cpu60 model at 16x16 and 32x32; ours, timm and
 benchmark.py's configuration) with MKL on its generic path (VIT_MKL_AVX2=0) and on its AVX2 path
 (vit/mkl_amd.py, the default), each setting in fresh processes, alternating, and writes
 experiments/benchmarks/mkl_amd.{json,md}.
+
+    python scripts/ablate_speed.py --muon-ns-steps  # the curriculum's stages: Muon's 5 iterations vs 3
+
+times today's cpu60 model (depth 4, LSA, SPT; Muon with the patch projection in it) with 5
+Newton-Schulz iterations a step (the default) and 3 (`model.muon_ns_steps`), and writes
+experiments/benchmarks/muon_ns_steps.{json,md}.
+
+    python scripts/ablate_speed.py --runtime        # OpenMP thread binding, jemalloc, tcmalloc
+
+times training steps of ours, timm (fused attention off) and vit-pytorch in bf16-mixed under the
+process-wide runtime settings of lead 7 (OMP_PROC_BIND=close with OMP_PLACES=cores; jemalloc or
+tcmalloc through LD_PRELOAD, where the library is installed), each setting in fresh processes,
+alternating, and writes experiments/benchmarks/runtime.{json,md}.
+
+    python scripts/ablate_speed.py --tokens         # 65 tokens (CLS + 64 patches) vs 64 (lead 8)
+
+times benchmark.py's model with mean pooling, with and without the CLS token (65 and 64 tokens,
+the same work per token), beside our default (CLS pooling, the last block on the CLS row only),
+and writes experiments/benchmarks/tokens.{json,md}.
+
+    python scripts/ablate_speed.py --compile-passes # inductor's pattern passes on and off (lead 5)
+
+times our explicit-attention training step eager, compiled, and compiled with inductor's pattern
+matcher off, counts what those passes matched (fuse_attention would turn our explicit attention
+into the fused kernel), and writes experiments/benchmarks/compile_passes.{json,md}.
 """
 
 from __future__ import annotations
@@ -135,11 +160,15 @@ def training_step(
     compile_: bool,
     dynamic: bool | None,
     optimizer: str = "adamw",
+    ns_steps: int = 5,
+    muon_patch_embed: bool = False,
 ):
     """A closure running one training step (forward, backward, AdamW) of `model` on (x, y):
     precision 32-true, bf16-mixed (autocast) or bf16-full (the model in bf16, float32 master
     weights in the optimizer); compile_ runs the model through torch.compile(dynamic=dynamic);
-    optimizer "muon" steps with vit.optim.MuonAdamW as `model.optimizer: muon` does."""
+    optimizer "muon" steps with vit.optim.MuonAdamW as `model.optimizer: muon` does, with
+    `ns_steps` Newton-Schulz iterations and, with `muon_patch_embed`, the patch projection in its
+    Muon group (as today's cpu60.yaml)."""
     if precision == "bf16-full":
         model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
         opt = MasterWeights(model, fused=fused_adam)
@@ -147,7 +176,8 @@ def training_step(
         from vit.lit_module import muon_param_groups
         from vit.optim import MuonAdamW
 
-        opt = MuonAdamW(muon_param_groups(model, weight_decay=0.05), lr=1e-4)
+        groups = muon_param_groups(model, weight_decay=0.05, patch_embed=muon_patch_embed)
+        opt = MuonAdamW(groups, lr=1e-4, ns_steps=ns_steps)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
     forward = torch.compile(model, dynamic=dynamic) if compile_ else model
@@ -178,6 +208,8 @@ def resolution_step(
     patch_drop: bool = False,
     compile_: bool = False,
     optimizer: str = "adamw",
+    ns_steps: int = 5,
+    muon_patch_embed: bool = False,
 ):
     """One training step of the cpu60 model on side x side images (bf16 autocast, float32, or
     bf16-full: the model in bf16 with float32 master weights in the optimizer); patch_drop drops
@@ -207,15 +239,26 @@ def resolution_step(
         compile_=compile_,
         dynamic=False,
         optimizer=optimizer,
+        ns_steps=ns_steps,
+        muon_patch_embed=muon_patch_embed,
     )
 
 
 def time_and_write(
-    steps: dict, *, args: argparse.Namespace, base: str, stem: str, command: str, about: str
+    steps: dict,
+    *,
+    args: argparse.Namespace,
+    base: str,
+    stem: str,
+    command: str,
+    about: str,
+    extra: dict | None = None,
 ) -> None:
     """Time the steps interleaved (median of args.rounds) and write their table."""
     secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
-    write_table(secs, batch=args.batch, base=base, stem=stem, command=command, about=about)
+    write_table(
+        secs, batch=args.batch, base=base, stem=stem, command=command, about=about, extra=extra
+    )
 
 
 def write_table(
@@ -329,6 +372,10 @@ def stages_ab(
 RECIPE_MODEL = "the cpu60 model with LSA (width 192, depth 6, 3 heads, MLP 384, patch 4)"
 RECIPE_ABOUT = f"{RECIPE_MODEL}, bf16-mixed, fused AdamW"
 RECIPE_FIXED = dict(fused_adam=True, lsa=True)
+TODAY_MODEL = (
+    "today's cpu60 model (width 192, depth 4, 3 heads, MLP 384, patch 4, LSA, SPT, all tokens), "
+    "bf16-mixed unless --precision says otherwise"
+)
 
 # The curriculum stages timed with one option of resolution_step off and on: the flag that asks
 # for each, the option, the two variants' names, what is held fixed, and the output's stem.
@@ -367,12 +414,25 @@ STAGE_ABS = {
         values=("adamw", "muon"),
         names=("adamw", "muon"),
         stem="muon",
-        about="today's cpu60 model (width 192, depth 4, 3 heads, MLP 384, patch 4, LSA, SPT, all "
-        "tokens), bf16-mixed unless --precision says otherwise; fused AdamW vs Muon for the "
+        about=f"{TODAY_MODEL}; fused AdamW vs Muon for the "
         "blocks' matrices with AdamW for the rest (model.optimizer: muon; its iterations in bf16 "
         "only where bf16 is fast)",
         depth=4,
         spt=True,
+        **RECIPE_FIXED,
+    ),
+    "muon_ns_steps": dict(
+        option="ns_steps",
+        values=(5, 3),
+        names=("muon-ns-5", "muon-ns-3"),
+        stem="muon_ns_steps",
+        about=f"{TODAY_MODEL}; Muon (the patch projection in "
+        "it, as cpu60.yaml) with 5 Newton-Schulz iterations (the default) vs 3 "
+        "(model.muon_ns_steps)",
+        depth=4,
+        spt=True,
+        optimizer="muon",
+        muon_patch_embed=True,
         **RECIPE_FIXED,
     ),
     "mlp_ratio": dict(
@@ -577,7 +637,9 @@ cfg = dict(width=192, depth=6, heads=3, mlp=768)
 steps = {{n: bench.make_steps(bench.build(n, **cfg), batch={batch}, precision="bf16-mixed")[0]
          for n in {models!r}}}
 secs = bench.time_interleaved(steps, warmup=2, rounds=5)
-print(json.dumps({{"applied": applied, **{{n: {batch} / s for n, s in secs.items()}}}}))
+maps = open("/proc/self/maps").read()  # which malloc this process runs (LD_PRELOAD took?)
+malloc = [lib for lib in ("jemalloc", "tcmalloc") if lib in maps] or ["glibc"]
+print(json.dumps({{"applied": applied, "malloc": malloc, **{{n: {batch} / s for n, s in secs.items()}}}}))
 """
 
 
@@ -604,37 +666,165 @@ def alternate_processes(
 
 def allocator_main(args: argparse.Namespace) -> None:
     """Each setting in fresh processes, alternating; median img/s per model over the processes."""
+    code = {
+        keep: ALLOCATOR_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS, keep=keep)
+        for keep in (False, True)
+    }
     runs = alternate_processes(
-        {
-            setting: (
-                ALLOCATOR_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS, keep=keep),
-                {},
-            )
-            for setting, keep in (("glibc default", False), ("freed memory kept", True))
-        },
+        {"glibc default": (code[False], {}), "freed memory kept": (code[True], {})},
         processes=args.processes,
     )
+    write_process_table(
+        runs,
+        args=args,
+        stem="allocator",
+        first="allocator",
+        command=f"python scripts/ablate_speed.py --allocator --batch {args.batch}",
+    )
+
+
+def runtime_main(args: argparse.Namespace) -> None:
+    """Lead 7: OpenMP thread binding and other mallocs (LD_PRELOAD), each in fresh processes,
+    alternating with the default; a malloc that is not installed is left out and said so."""
+    from ctypes.util import find_library
+
+    code = ALLOCATOR_CHILD.format(batch=args.batch, models=ALLOCATOR_MODELS, keep=False)
+    settings = {
+        "default": (code, {}),
+        "OMP_PROC_BIND=close OMP_PLACES=cores": (
+            code,
+            {"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"},
+        ),
+    }
+    expect = dict.fromkeys(settings, "glibc")  # the malloc each setting's child must run
+    missing = []
+    mallocs = (
+        ("jemalloc", "jemalloc", "libjemalloc2"),
+        ("tcmalloc", "tcmalloc_minimal", "libtcmalloc-minimal4"),
+    )
+    for name, lib, debian in mallocs if args.runtime == "all" else ():
+        found = find_library(lib)  # a soname: LD_PRELOAD searches the library path for it
+        if found:
+            label = f"{name} (LD_PRELOAD={found})"
+            settings[label], expect[label] = (code, {"LD_PRELOAD": found}), name
+        else:
+            missing.append(f"{name} not installed (Debian: {debian}), not timed")
+    runs = alternate_processes(settings, processes=args.processes)
+    for setting, rs in runs.items():  # a preload that did not take would time glibc twice
+        if any(r["malloc"] != [expect[setting]] for r in rs):
+            raise SystemExit(f"{setting}: the child ran {rs[0]['malloc']}, not {expect[setting]}")
+    write_process_table(
+        runs,
+        args=args,
+        stem="runtime" if args.runtime == "all" else "runtime_omp",
+        first="runtime setting",
+        command=f"python scripts/ablate_speed.py --runtime {args.runtime} --batch {args.batch} "
+        f"--processes {args.processes}",
+        notes=missing,
+    )
+
+
+def write_process_table(
+    runs: dict[str, list[dict]],
+    *,
+    args: argparse.Namespace,
+    stem: str,
+    first: str,
+    command: str,
+    notes: list[str] = (),
+) -> None:
+    """alternate_processes' runs of ALLOCATOR_CHILD -> <stem>.json and <stem>.md: the median
+    img/s of each model per setting, and its ratio to the first setting's."""
     table = {
         setting: {n: statistics.median(r[n] for r in rs) for n in ALLOCATOR_MODELS}
         for setting, rs in runs.items()
     }
-    command = f"python scripts/ablate_speed.py --allocator --batch {args.batch}"
     out = {"command": command, "batch": args.batch, "runs": runs, "median_images_per_s": table}
     bench.OUT.mkdir(parents=True, exist_ok=True)
-    (bench.OUT / "allocator.json").write_text(json.dumps(out, indent=2))
-    base = table["glibc default"]
+    (bench.OUT / f"{stem}.json").write_text(json.dumps(out, indent=2))
+    base = next(iter(table.values()))
     lines = [
         f"Command: `{command}` (bf16-mixed training steps, width 192, depth 6, MLP 768; "
-        f"median over {args.processes} fresh processes per setting, alternating)",
+        f"median over {args.processes} fresh processes per setting, alternating; CPU ISA "
+        f"{torch.backends.cpu.get_cpu_capability()})",
         "",
-        "| allocator | " + " | ".join(ALLOCATOR_MODELS) + " |",
+        f"| {first} | " + " | ".join(ALLOCATOR_MODELS) + " |",
         "|---|" + "---|" * len(ALLOCATOR_MODELS),
     ]
     for setting, rates in table.items():
         cells = [f"{rates[n]:.1f} ({rates[n] / base[n]:.2f}x)" for n in ALLOCATOR_MODELS]
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
-    (bench.OUT / "allocator.md").write_text("\n".join(lines) + "\n")
+    lines += [f"\n{note}" for note in notes]
+    (bench.OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def tokens_main(args: argparse.Namespace) -> None:
+    """Lead 8: 65 tokens against 64 at benchmark.py's configuration, bf16-mixed training steps.
+    Mean pooling keeps every token in every block, so the two differ by the CLS token alone."""
+    from vit.model import VisionTransformer
+
+    same = dict(img_size=bench.IMG, patch_size=bench.PATCH, num_classes=bench.NUM_CLASSES)
+    same.update(embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0, kernel="explicit")
+    models = {
+        "65 tokens: CLS + 64 patches, mean pooling": dict(class_token=True, global_pool="avg"),
+        "64 tokens: no CLS, mean pooling": dict(class_token=False, global_pool="avg"),
+        "ours: CLS pooling, last block on the CLS row": dict(),
+    }
+    steps = {}
+    for name, cfg in models.items():
+        torch.manual_seed(0)
+        model = VisionTransformer(**same, **cfg)
+        steps[name] = bench.make_steps(model, batch=args.batch, precision="bf16-mixed")[0]
+    time_and_write(
+        steps,
+        args=args,
+        base="65 tokens: CLS + 64 patches, mean pooling",
+        stem="tokens",
+        command=f"python scripts/ablate_speed.py --tokens --batch {args.batch} "
+        f"--rounds {args.rounds}",
+        about=f"bf16-mixed training steps, batch {args.batch}, width 192, depth 6, 3 heads, "
+        f"MLP 768, explicit attention; CPU ISA {torch.backends.cpu.get_cpu_capability()}",
+    )
+
+
+def compile_passes_main(args: argparse.Namespace) -> None:
+    """Lead 5: our explicit-attention step eager, compiled, and compiled with inductor's pattern
+    matcher off (its joint-graph passes hold fuse_attention), compiled before timing with
+    inductor's caches off so each compile runs its passes, and what those passes matched."""
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    steps, matched = {}, {}
+    for name, compile_, passes in (
+        ("eager", False, True),
+        ("compiled", True, True),
+        ("compiled, pattern matcher off", True, False),
+    ):
+        steps[name] = make_step(
+            kernel="explicit",
+            precision="bf16-mixed",
+            fused_adam=True,
+            compile_=compile_,
+            batch=args.batch,
+        )
+        counters.clear()
+        with inductor_config.patch(pattern_matcher=passes, force_disable_caches=True):
+            steps[name]()
+        matched[name] = {
+            key: counters["inductor"][key] for key in ("fuse_attention", "pattern_matcher_count")
+        }
+    time_and_write(
+        steps,
+        args=args,
+        base="eager",
+        stem="compile_passes",
+        command=f"python scripts/ablate_speed.py --compile-passes --batch {args.batch} "
+        f"--rounds {args.rounds}",
+        about=f"bf16-mixed training steps, batch {args.batch}, width 192, depth 6, 3 heads, "
+        f"MLP 768, explicit attention, fused AdamW; inductor matches per compile: {matched}",
+        extra={"matched": matched},
+    )
 
 
 MKL_CHILD = """
@@ -794,6 +984,9 @@ def main() -> None:
         "--muon-ns", action="store_true", help="Muon's iterations: loop vs Gram, stacked, bf16"
     )
     p.add_argument(
+        "--muon-ns-steps", action="store_true", help="curriculum stages: Muon's 5 iterations vs 3"
+    )
+    p.add_argument(
         "--precision",
         choices=("32-true", "bf16-mixed", "bf16-full"),
         help="stage A/Bs: this precision instead of bf16-mixed (32-true for CPUs without bf16)",
@@ -801,7 +994,20 @@ def main() -> None:
     p.add_argument("--fp32", action="store_true", help="float32 kernels, for CPUs without bf16")
     p.add_argument("--kernels-fp32", action="store_true", help="float32: explicit vs fused")
     p.add_argument("--mkl", action="store_true", help="AMD CPUs: MKL's generic vs AVX2 path")
-    p.add_argument("--processes", type=int, default=3, help="--allocator, --mkl: processes each")
+    p.add_argument(
+        "--runtime",
+        nargs="?",
+        const="all",
+        choices=("all", "omp"),
+        help="OpenMP binding, jemalloc, tcmalloc (lead 7); 'omp': the binding alone",
+    )
+    p.add_argument("--tokens", action="store_true", help="65 tokens vs 64 (lead 8)")
+    p.add_argument(
+        "--compile-passes", action="store_true", help="inductor's pattern passes (lead 5)"
+    )
+    p.add_argument(
+        "--processes", type=int, default=3, help="--allocator, --mkl, --runtime: processes each"
+    )
     p.add_argument("--loop", action="store_true", help="the fit loop vs its bare step")
     p.add_argument("--loop-steps", type=int, default=250, help="--loop: steps timed per loop")
     p.add_argument("--loop-repeats", type=int, default=1, help="--loop: alternated runs of each")
@@ -816,6 +1022,14 @@ def main() -> None:
     if args.mkl:
         mkl_main(args)
         return
+    for flag, run in (
+        ("runtime", runtime_main),
+        ("tokens", tokens_main),
+        ("compile_passes", compile_passes_main),
+    ):
+        if getattr(args, flag):
+            run(args)
+            return
     if args.batch_sizes:
         batch_sizes_main(args)
         return

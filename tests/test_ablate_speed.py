@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -143,3 +144,156 @@ def test_muon_ns_times_each_form_on_the_recipes_matrices(monkeypatch, tmp_path) 
     table = (tmp_path / "muon_ns.md").read_text()
     assert "| stacked, Gram form | 4000.0 | 0.25x |" in table
     assert "| stacked, bfloat16 loop | 5000.0 | 0.20x |" in table
+
+
+def test_tokens_times_65_against_64_tokens_and_our_default(monkeypatch, tmp_path) -> None:
+    """--tokens: mean pooling with and without the CLS token (65 and 64 tokens in every block),
+    beside our CLS-pooled default, each a real training step, with the ratio to 65 tokens."""
+    tokens = {}
+
+    def timed(steps, **kw):
+        for run in steps.values():
+            run()  # a real step of each model
+        return {name: 1.0 + i for i, name in enumerate(steps)}
+
+    real_make = ablate.bench.make_steps
+
+    def make(model, **kw):
+        tokens[len(tokens)] = (model.pos_embed.shape[1], model.global_pool)
+        return real_make(model, **kw)
+
+    monkeypatch.setattr(ablate.bench, "time_interleaved", timed)
+    monkeypatch.setattr(ablate.bench, "make_steps", make)
+    monkeypatch.setattr(ablate.bench, "OUT", tmp_path)
+    ablate.tokens_main(ablate.argparse.Namespace(batch=2, rounds=1))
+    assert list(tokens.values()) == [(65, "avg"), (64, "avg"), (65, "token")]
+    table = (tmp_path / "tokens.md").read_text()
+    assert "| 64 tokens: no CLS, mean pooling | 2000.0 | 1.0 | 0.50x |" in table
+
+
+def test_runtime_sets_each_environment_and_refuses_a_preload_that_did_not_take(
+    monkeypatch, tmp_path
+) -> None:
+    """--runtime all: the default, OpenMP binding and each installed malloc, in fresh processes;
+    a child that still ran glibc's malloc under LD_PRELOAD stops the run instead of timing glibc
+    twice."""
+    import ctypes.util
+
+    seen = {}
+
+    def fake_runs(settings, *, processes, took=True):
+        seen.update({name: env for name, (_, env) in settings.items()})
+        runs = {}
+        for name, (_, env) in settings.items():
+            lib = env.get("LD_PRELOAD", "")
+            malloc = (
+                ["jemalloc"] if "jemalloc" in lib else ["tcmalloc"] if "tcmalloc" in lib else []
+            )
+            row = {"malloc": (malloc if took else []) or ["glibc"]}
+            row.update({n: 100.0 for n in ablate.ALLOCATOR_MODELS})
+            runs[name] = [row] * processes
+        return runs
+
+    monkeypatch.setattr(ablate.bench, "OUT", tmp_path)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: f"lib{name}.so.9")
+    monkeypatch.setattr(ablate, "alternate_processes", fake_runs)
+    args = ablate.argparse.Namespace(batch=2, processes=2, runtime="all")
+    ablate.runtime_main(args)
+    assert seen["default"] == {}
+    assert seen["OMP_PROC_BIND=close OMP_PLACES=cores"] == {
+        "OMP_PROC_BIND": "close",
+        "OMP_PLACES": "cores",
+    }
+    assert seen["jemalloc (LD_PRELOAD=libjemalloc.so.9)"] == {"LD_PRELOAD": "libjemalloc.so.9"}
+    assert (
+        "| tcmalloc (LD_PRELOAD=libtcmalloc_minimal.so.9) | 100.0 (1.00x)"
+        in (tmp_path / "runtime.md").read_text()
+    )
+    monkeypatch.setattr(
+        ablate, "alternate_processes", lambda s, *, processes: fake_runs(s, processes=1, took=False)
+    )
+    with pytest.raises(SystemExit, match="not jemalloc"):
+        ablate.runtime_main(args)
+    seen.clear()
+    monkeypatch.setattr(ablate, "alternate_processes", fake_runs)
+    ablate.runtime_main(ablate.argparse.Namespace(batch=2, processes=2, runtime="omp"))
+    assert list(seen) == ["default", "OMP_PROC_BIND=close OMP_PLACES=cores"]  # no mallocs
+    assert (tmp_path / "runtime_omp.md").exists()
+
+
+def test_compile_passes_compiles_the_last_variant_with_the_pattern_matcher_off(
+    monkeypatch, tmp_path
+) -> None:
+    """--compile-passes: the first call of each step (where torch.compile compiles) runs under
+    the variant's inductor settings, caches off; the table's ratios are to eager."""
+    import torch._inductor.config as inductor_config
+
+    at_first_call = {}
+
+    def fake_step(*, compile_, **kw):
+        name = len(at_first_call)
+
+        def step():
+            if name not in at_first_call:
+                at_first_call[name] = (
+                    compile_,
+                    inductor_config.pattern_matcher,
+                    inductor_config.force_disable_caches,
+                )
+
+        return step
+
+    monkeypatch.setattr(ablate, "make_step", fake_step)
+    monkeypatch.setattr(ablate.bench, "OUT", tmp_path)
+    monkeypatch.setattr(
+        ablate.bench,
+        "time_interleaved",
+        lambda steps, **kw: {n: 2.0 / (i + 1) for i, n in enumerate(steps)},
+    )
+    ablate.compile_passes_main(ablate.argparse.Namespace(batch=2, rounds=1))
+    assert at_first_call == {0: (False, True, True), 1: (True, True, True), 2: (True, False, True)}
+    assert inductor_config.pattern_matcher  # put back
+    assert (
+        "| compiled, pattern matcher off | 666.7 | 3.0 | 3.00x |"
+        in (tmp_path / "compile_passes.md").read_text()
+    )
+
+
+def test_muon_ns_steps_stages_time_5_against_3_iterations_on_the_recipes_groups(
+    monkeypatch,
+) -> None:
+    """--muon-ns-steps: Muon steps with 5 and 3 Newton-Schulz iterations, the patch projection in
+    the Muon group as in cpu60.yaml; the real step builds MuonAdamW with the count asked."""
+    built, written = run_stages(monkeypatch, "muon_ns_steps", "ns_steps")
+    assert sorted(built) == [(s, n) for s in (16, 24, 32) for n in (3, 5)]
+    assert all(c["optimizer"] == "muon" and c["muon_patch_embed"] for c in built.values())
+    assert written["base"] == "32x32 muon-ns-5"
+    monkeypatch.undo()
+    import vit.lit_module
+    from vit.optim import MuonAdamW
+
+    made, asked = [], {}
+    real_init, real_groups = MuonAdamW.__init__, vit.lit_module.muon_param_groups
+    monkeypatch.setattr(
+        MuonAdamW, "__init__", lambda self, *a, **kw: made.append(self) or real_init(self, *a, **kw)
+    )
+    monkeypatch.setattr(
+        vit.lit_module,
+        "muon_param_groups",
+        lambda model, **kw: asked.update(kw) or real_groups(model, **kw),
+    )
+    step = ablate.resolution_step(
+        side=16,
+        batch=2,
+        fused_adam=False,
+        depth=2,
+        spt=True,
+        optimizer="muon",
+        ns_steps=3,
+        muon_patch_embed=True,
+    )
+    step()
+    (opt,) = made
+    muon = [g for g in opt.param_groups if g["use_muon"]]
+    assert muon and all(g["ns_steps"] == 3 for g in muon)
+    assert asked["patch_embed"] is True
