@@ -720,7 +720,7 @@ def runtime_main(args: argparse.Namespace) -> None:
         first="runtime setting",
         command=f"python scripts/ablate_speed.py --runtime {args.runtime} --batch {args.batch} "
         f"--processes {args.processes}",
-        notes=missing,
+        notes=tuple(missing),
     )
 
 
@@ -731,7 +731,7 @@ def write_process_table(
     stem: str,
     first: str,
     command: str,
-    notes: list[str] = (),
+    notes: tuple[str, ...] = (),
 ) -> None:
     """alternate_processes' runs of ALLOCATOR_CHILD -> <stem>.json and <stem>.md: the median
     img/s of each model per setting, and its ratio to the first setting's."""
@@ -762,10 +762,6 @@ def write_process_table(
 def tokens_main(args: argparse.Namespace) -> None:
     """Lead 8: 65 tokens against 64 at benchmark.py's configuration, bf16-mixed training steps.
     Mean pooling keeps every token in every block, so the two differ by the CLS token alone."""
-    from vit.model import VisionTransformer
-
-    same = dict(img_size=bench.IMG, patch_size=bench.PATCH, num_classes=bench.NUM_CLASSES)
-    same.update(embed_dim=192, depth=6, num_heads=3, mlp_ratio=4.0, kernel="explicit")
     models = {
         "65 tokens: CLS + 64 patches, mean pooling": dict(class_token=True, global_pool="avg"),
         "64 tokens: no CLS, mean pooling": dict(class_token=False, global_pool="avg"),
@@ -774,7 +770,7 @@ def tokens_main(args: argparse.Namespace) -> None:
     steps = {}
     for name, cfg in models.items():
         torch.manual_seed(0)
-        model = VisionTransformer(**same, **cfg)
+        model = bench.build("ours", width=192, depth=6, heads=3, mlp=768, **cfg)
         steps[name] = bench.make_steps(model, batch=args.batch, precision="bf16-mixed")[0]
     time_and_write(
         steps,

@@ -42,8 +42,13 @@ OUT = REPO / "experiments" / "benchmarks"
 NUM_CLASSES, IMG, PATCH = 10, 32, 4
 
 
-def build(name: str, *, width: int, depth: int, heads: int, mlp: int) -> nn.Module | None:
-    """One model by name at the shared configuration; None if its package is missing."""
+def build(
+    name: str, *, width: int, depth: int, heads: int, mlp: int, **ours: object
+) -> nn.Module | None:
+    """One model by name at the shared configuration; None if its package is missing. `ours`:
+    more options of our VisionTransformer (e.g. class_token, global_pool), for our models only."""
+    if ours and not name.startswith("ours"):
+        raise ValueError(f"options {sorted(ours)} are our model's; {name!r} takes none")
     same = dict(
         img_size=IMG,
         patch_size=PATCH,
@@ -54,7 +59,8 @@ def build(name: str, *, width: int, depth: int, heads: int, mlp: int) -> nn.Modu
         mlp_ratio=mlp / width,
     )  # timm's names are ours
     if name.startswith("ours"):
-        return VisionTransformer(**same, kernel="fused" if name.endswith("fused") else "explicit")
+        kernel = "fused" if name.endswith("fused") else "explicit"
+        return VisionTransformer(**same, kernel=kernel, **ours)
     if name.startswith("timm"):
         try:
             from timm.models.vision_transformer import VisionTransformer as TimmViT
