@@ -92,6 +92,17 @@ and writes experiments/benchmarks/tokens.{json,md}.
 times our explicit-attention training step eager, compiled, and compiled with inductor's pattern
 matcher off, counts what those passes matched (fuse_attention would turn our explicit attention
 into the fused kernel), and writes experiments/benchmarks/compile_passes.{json,md}.
+
+    python scripts/ablate_speed.py --compile-modes  # torch.compile's default vs max-autotune (lead 5)
+
+times our training step eager, compiled in the default mode and compiled with max-autotune, and
+inference eager, compiled, and compiled with frozen weights in the default mode and with
+max-autotune; records every product inductor autotuned (its op, shapes, each choice's time and
+the winner: where its C++ GEMM template competed with ATen's kernel), and writes
+experiments/benchmarks/compile_modes_train.{json,md} and compile_modes_infer.{json,md}.
+
+Every mode writes under experiments/benchmarks/ unless `--out DIR` names another folder (another
+CPU's runs keep their own: experiments/benchmarks/amx_check.sh uses experiments/benchmarks/amx).
 """
 
 from __future__ import annotations
@@ -138,7 +149,15 @@ class MasterWeights:
                 p.copy_(m)
 
 
-def make_step(*, kernel: str, precision: str, fused_adam: bool, compile_: bool, batch: int):
+def make_step(
+    *,
+    kernel: str,
+    precision: str,
+    fused_adam: bool,
+    compile_: bool,
+    batch: int,
+    mode: str | None = None,
+):
     torch.manual_seed(0)
     model = bench.build(
         "ours" if kernel == "explicit" else "ours-fused", width=192, depth=6, heads=3, mlp=768
@@ -146,7 +165,14 @@ def make_step(*, kernel: str, precision: str, fused_adam: bool, compile_: bool, 
     x = torch.randn(batch, 3, 32, 32)
     y = torch.randint(0, 10, (batch,))
     return training_step(
-        model, x, y, precision=precision, fused_adam=fused_adam, compile_=compile_, dynamic=None
+        model,
+        x,
+        y,
+        precision=precision,
+        fused_adam=fused_adam,
+        compile_=compile_,
+        dynamic=None,
+        mode=mode,
     )
 
 
@@ -162,10 +188,12 @@ def training_step(
     optimizer: str = "adamw",
     ns_steps: int = 5,
     muon_patch_embed: bool = False,
+    mode: str | None = None,
 ):
     """A closure running one training step (forward, backward, AdamW) of `model` on (x, y):
     precision 32-true, bf16-mixed (autocast) or bf16-full (the model in bf16, float32 master
-    weights in the optimizer); compile_ runs the model through torch.compile(dynamic=dynamic);
+    weights in the optimizer); compile_ runs the model through torch.compile(dynamic=dynamic,
+    mode=mode);
     optimizer "muon" steps with vit.optim.MuonAdamW as `model.optimizer: muon` does, with
     `ns_steps` Newton-Schulz iterations and, with `muon_patch_embed`, the patch projection in its
     Muon group (as today's cpu60.yaml)."""
@@ -180,7 +208,7 @@ def training_step(
         opt = MuonAdamW(groups, lr=1e-4, ns_steps=ns_steps)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adam)
-    forward = torch.compile(model, dynamic=dynamic) if compile_ else model
+    forward = torch.compile(model, dynamic=dynamic, mode=mode) if compile_ else model
     autocast = precision == "bf16-mixed"
 
     def step() -> None:
@@ -244,6 +272,10 @@ def resolution_step(
     )
 
 
+TRAIN_COLUMNS = (("ms/step", "ms_per_step"), ("train img/s", "images_per_s"))
+INFER_COLUMNS = (("ms/batch", "ms_per_step"), ("infer img/s", "images_per_s"))
+
+
 def time_and_write(
     steps: dict,
     *,
@@ -253,11 +285,19 @@ def time_and_write(
     command: str,
     about: str,
     extra: dict | None = None,
+    columns: tuple[tuple[str, str], ...] = TRAIN_COLUMNS,
 ) -> None:
     """Time the steps interleaved (median of args.rounds) and write their table."""
     secs = bench.time_interleaved(steps, warmup=3, rounds=args.rounds)
     write_table(
-        secs, batch=args.batch, base=base, stem=stem, command=command, about=about, extra=extra
+        secs,
+        batch=args.batch,
+        base=base,
+        stem=stem,
+        command=command,
+        about=about,
+        extra=extra,
+        columns=columns,
     )
 
 
@@ -270,9 +310,10 @@ def write_table(
     command: str,
     about: str,
     extra: dict | None = None,
+    columns: tuple[tuple[str, str], ...] = TRAIN_COLUMNS,
 ) -> None:
     """Seconds per step of each variant -> <stem>.json and <stem>.md (ms/step, img/s, ratio to
-    `base`), printed too."""
+    `base`, under the titles of `columns`), printed too."""
     rows = [
         {
             "variant": n,
@@ -290,6 +331,7 @@ def write_table(
         header=("variant", f"vs {base}"),
         ratio_key="vs_base",
         meta={"batch": batch, "base": base, **(extra or {})},
+        columns=columns,
     )
 
 
@@ -302,10 +344,7 @@ def save_rows(
     header: tuple[str, str],
     ratio_key: str,
     meta: dict,
-    columns: tuple[tuple[str, str], ...] = (
-        ("ms/step", "ms_per_step"),
-        ("train img/s", "images_per_s"),
-    ),
+    columns: tuple[tuple[str, str], ...] = TRAIN_COLUMNS,
 ) -> None:
     """Timed rows (a variant, the `columns` given as (title, key), and a ratio) -> <stem>.json
     and <stem>.md, printed too; `header` names the first and the ratio column."""
@@ -823,6 +862,102 @@ def compile_passes_main(args: argparse.Namespace) -> None:
     )
 
 
+def autotuned_products(record: list[dict]):
+    """A feedback function for inductor's autotuner: appends each product it tuned to `record`
+    (op, input shapes, each choice's time in ms, the winner)."""
+
+    def save(timings, name, input_nodes, choices, _profile, _precompile) -> None:
+        best = min(timings, key=timings.get)
+        record.append(
+            {
+                "op": name,
+                "shapes": [[int(d) for d in n.get_size()] for n in input_nodes],
+                "ms": {c.name: round(t, 3) for c, t in timings.items()},
+                "best": best.name,
+            }
+        )
+
+    return save
+
+
+def template_wins(record: list[dict]) -> str:
+    """'N tuned, K won by the C++ template' for autotuned_products' record."""
+    won = sum(r["best"].startswith("cpp_") for r in record)
+    return f"{len(record)} tuned, {won} won by the template"
+
+
+def compile_modes_main(args: argparse.Namespace) -> None:
+    """Lead 5's other claim: in training, max-autotune's C++ GEMM template does not apply to the
+    Linear layers (their weights are not constants), so the mode buys about what the default
+    does; in inference, frozen weights are constants and the template may compete. Each compiled
+    variant runs its first call (its compile) with inductor's caches off, so autotuning runs and
+    every product it tunes is recorded."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor import select_algorithm
+
+    train_modes = {
+        "eager": None,
+        "compiled": "default",
+        "compiled, max-autotune": "max-autotune-no-cudagraphs",
+    }
+    infer_modes = {
+        "eager": (None, False),
+        "compiled": ("default", False),
+        "compiled, frozen weights": ("default", True),
+        "compiled, frozen weights, max-autotune": ("max-autotune-no-cudagraphs", True),
+    }
+    steps, tuned = {}, {}
+
+    def first_call(name: str, step, *, freezing: bool = False) -> None:
+        record: list[dict] = []
+        select_algorithm.add_feedback_saver(autotuned_products(record))
+        try:
+            with inductor_config.patch(force_disable_caches=True, freezing=freezing):
+                step()
+        finally:
+            select_algorithm.clear_feedback_savers()
+        tuned[name] = record
+        steps[name] = step
+
+    for name, mode in train_modes.items():
+        step = make_step(
+            kernel="explicit",
+            precision="bf16-mixed",
+            fused_adam=True,
+            compile_=mode is not None,
+            batch=args.batch,
+            mode=mode if mode != "default" else None,
+        )
+        first_call(f"train: {name}", step)
+    for name, (mode, freezing) in infer_modes.items():
+        torch.manual_seed(0)
+        model = bench.build("ours", width=192, depth=6, heads=3, mlp=768).eval()
+        x = torch.randn(args.batch, 3, 32, 32)
+        forward = model if mode is None else torch.compile(model, mode=mode)
+
+        def infer(forward=forward, x=x) -> None:
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+                forward(x)
+
+        first_call(f"infer: {name}", infer, freezing=freezing)
+    for kind in ("train", "infer"):
+        time_and_write(
+            {n: s for n, s in steps.items() if n.startswith(kind)},
+            args=args,
+            base=f"{kind}: eager",
+            stem=f"compile_modes_{kind}",
+            command=f"python scripts/ablate_speed.py --compile-modes --batch {args.batch} "
+            f"--rounds {args.rounds}",
+            about=f"bf16-mixed {'training steps, fused AdamW' if kind == 'train' else 'inference'}"
+            f", batch {args.batch}, width 192, depth 6, 3 heads, MLP 768, explicit attention; "
+            f"products autotuned per variant, and how many of them inductor's C++ template won: "
+            f"{ {n: template_wins(r) for n, r in tuned.items() if n.startswith(kind)} }; "
+            f"CPU ISA {torch.backends.cpu.get_cpu_capability()}",
+            extra={"autotuned": {n: r for n, r in tuned.items() if n.startswith(kind)}},
+            columns=TRAIN_COLUMNS if kind == "train" else INFER_COLUMNS,
+        )
+
+
 MKL_CHILD = """
 import json, sys, time
 import vit  # first: vit.mkl_amd decides MKL's kernels before torch loads
@@ -1002,13 +1137,24 @@ def main() -> None:
         "--compile-passes", action="store_true", help="inductor's pattern passes (lead 5)"
     )
     p.add_argument(
+        "--compile-modes", action="store_true", help="torch.compile: default vs max-autotune"
+    )
+    p.add_argument(
         "--processes", type=int, default=3, help="--allocator, --mkl, --runtime: processes each"
     )
     p.add_argument("--loop", action="store_true", help="the fit loop vs its bare step")
     p.add_argument("--loop-steps", type=int, default=250, help="--loop: steps timed per loop")
     p.add_argument("--loop-repeats", type=int, default=1, help="--loop: alternated runs of each")
     p.add_argument("--data-dir", default=str(REPO.parent / "shared/data/cifar10-jpeg.tar.gz"))
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=bench.OUT,
+        help="folder for the tables (default experiments/benchmarks; another CPU's runs go in a "
+        "folder of their own, such as experiments/benchmarks/amx)",
+    )
     args = p.parse_args()
+    bench.OUT = args.out
     if args.loop:
         loop_main(args)
         return
@@ -1022,6 +1168,7 @@ def main() -> None:
         ("runtime", runtime_main),
         ("tokens", tokens_main),
         ("compile_passes", compile_passes_main),
+        ("compile_modes", compile_modes_main),
     ):
         if getattr(args, flag):
             run(args)

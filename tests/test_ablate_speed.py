@@ -221,6 +221,16 @@ def test_runtime_sets_each_environment_and_refuses_a_preload_that_did_not_take(
     assert (tmp_path / "runtime_omp.md").exists()
 
 
+def fake_timer(monkeypatch, out) -> None:
+    """Tables go under `out`; the n-th variant "takes" 2/n seconds, so its ratio to the first is n."""
+    monkeypatch.setattr(ablate.bench, "OUT", out)
+    monkeypatch.setattr(
+        ablate.bench,
+        "time_interleaved",
+        lambda steps, **kw: {n: 2.0 / (i + 1) for i, n in enumerate(steps)},
+    )
+
+
 def test_compile_passes_compiles_the_last_variant_with_the_pattern_matcher_off(
     monkeypatch, tmp_path
 ) -> None:
@@ -244,12 +254,7 @@ def test_compile_passes_compiles_the_last_variant_with_the_pattern_matcher_off(
         return step
 
     monkeypatch.setattr(ablate, "make_step", fake_step)
-    monkeypatch.setattr(ablate.bench, "OUT", tmp_path)
-    monkeypatch.setattr(
-        ablate.bench,
-        "time_interleaved",
-        lambda steps, **kw: {n: 2.0 / (i + 1) for i, n in enumerate(steps)},
-    )
+    fake_timer(monkeypatch, tmp_path)
     ablate.compile_passes_main(ablate.argparse.Namespace(batch=2, rounds=1))
     assert at_first_call == {0: (False, True, True), 1: (True, True, True), 2: (True, False, True)}
     assert inductor_config.pattern_matcher  # put back
@@ -297,3 +302,99 @@ def test_muon_ns_steps_stages_time_5_against_3_iterations_on_the_recipes_groups(
     muon = [g for g in opt.param_groups if g["use_muon"]]
     assert muon and all(g["ns_steps"] == 3 for g in muon)
     assert asked["patch_embed"] is True
+
+
+def test_compile_modes_compiles_each_variant_in_its_mode_and_records_what_was_autotuned(
+    monkeypatch, tmp_path
+) -> None:
+    """--compile-modes: training eager / default / max-autotune and inference eager / default /
+    frozen / frozen max-autotune, each first call with caches off and freezing only where asked;
+    a product the autotuner tunes during a first call is recorded under that variant, with its
+    winner; the two tables' ratios are to their own eager variant."""
+    import json
+
+    import torch._inductor.config as inductor_config
+    from torch._inductor import select_algorithm
+
+    class Choice:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    class Node:
+        def get_size(self):
+            return (384, 65, 64)
+
+    seen = []
+
+    def first_call(kind, mode):
+        seen.append((kind, mode, inductor_config.force_disable_caches, inductor_config.freezing))
+        if mode == "max-autotune-no-cudagraphs":  # what the autotuner calls back with
+            fns = select_algorithm.get_algorithm_selector_cache().feedback_saver_fns
+            template = 5.2 if kind == "train" else 0.5  # the template wins in inference
+            timings = {Choice("bmm"): 0.9, Choice("cpp_CppMicroGemmFP32Vec_0"): template}
+            for fn in fns:
+                fn(timings, "bmm", [Node()], list(timings), None, {})
+
+    def fake_step(*, compile_, mode, **kw):
+        calls = []
+        return lambda: calls or calls.append(first_call("train", mode if compile_ else "eager"))
+
+    def fake_compile(model, *, mode=None, **kw):
+        calls = []
+
+        def run(x):
+            if not calls:
+                calls.append(first_call("infer", mode or "default"))
+            return model(x)
+
+        return run
+
+    monkeypatch.setattr(ablate, "make_step", fake_step)
+    monkeypatch.setattr(ablate.torch, "compile", fake_compile)
+    fake_timer(monkeypatch, tmp_path)
+    ablate.compile_modes_main(ablate.argparse.Namespace(batch=2, rounds=1))
+    eager_infer = ("infer", "eager", True, False)
+    assert seen[:3] == [
+        ("train", "eager", True, False),
+        ("train", None, True, False),
+        ("train", "max-autotune-no-cudagraphs", True, False),
+    ]
+    assert sorted(seen[3:]) == sorted(
+        [
+            ("infer", "default", True, False),
+            ("infer", "default", True, True),
+            ("infer", "max-autotune-no-cudagraphs", True, True),
+        ]
+    )  # the eager inference variant calls no compile: nothing seen for it
+    assert eager_infer not in seen
+    assert not select_algorithm.get_algorithm_selector_cache().feedback_saver_fns  # cleared
+    assert not inductor_config.freezing  # put back
+    train = json.loads((tmp_path / "compile_modes_train.json").read_text())
+    tuned = train["autotuned"]
+    assert tuned["train: compiled"] == []
+    assert tuned["train: compiled, max-autotune"] == [
+        {
+            "op": "bmm",
+            "shapes": [[384, 65, 64]],
+            "ms": {"bmm": 0.9, "cpp_CppMicroGemmFP32Vec_0": 5.2},
+            "best": "bmm",
+        }
+    ]
+    assert (
+        "'train: compiled, max-autotune': '1 tuned, 0 won by the template'"
+        in (tmp_path / "compile_modes_train.md").read_text()
+    )
+    infer = (tmp_path / "compile_modes_infer.md").read_text()
+    assert "'infer: compiled, frozen weights, max-autotune': '1 tuned, 1 won by" in infer
+    assert "| variant | ms/batch | infer img/s | vs infer: eager |" in infer
+    assert "| infer: compiled, frozen weights, max-autotune | 500.0 | 4.0 | 4.00x |" in infer
+
+
+def test_out_sends_the_tables_to_the_folder_given(monkeypatch, tmp_path) -> None:
+    """--out: a mode's tables go under the folder given (another CPU's runs keep their own)."""
+    monkeypatch.setattr(ablate.bench, "OUT", ablate.bench.OUT)  # undone after the test
+    seen = []
+    monkeypatch.setattr(ablate, "tokens_main", lambda args: seen.append(ablate.bench.OUT))
+    monkeypatch.setattr("sys.argv", ["ablate_speed.py", "--tokens", "--out", str(tmp_path / "amx")])
+    ablate.main()
+    assert seen == [tmp_path / "amx"]
