@@ -5,7 +5,7 @@
 #
 #     bash experiments/benchmarks/amx_check.sh
 #
-# Writes experiments/benchmarks/cpu-amx.{json,md} (the benchmark's table, then its matmul ceiling)
+# Writes experiments/benchmarks/cpu-amx.{json,md} (the benchmark's table with its matmul ceiling)
 # and experiments/benchmarks/amx/ (64 vs 65 tokens: lead 8 is about AMX's 16-row tiles; compile's
 # default mode vs max-autotune, whose C++ GEMM template has an AMX micro-kernel; the lead table).
 # Not timed on an AMX machine yet: the whole benchmark comes first, since it is the table issue 3
@@ -19,7 +19,6 @@ if ! grep -qw amx_bf16 /proc/cpuinfo; then
 fi
 python="${PYTHON:-python}"
 "$python" scripts/benchmark.py --name cpu-amx
-"$python" scripts/benchmark.py --name cpu-amx --ceiling-only
 "$python" scripts/ablate_speed.py --tokens --out experiments/benchmarks/amx
 "$python" scripts/ablate_speed.py --compile-modes --out experiments/benchmarks/amx
 "$python" scripts/ablate_speed.py --out experiments/benchmarks/amx
