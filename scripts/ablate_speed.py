@@ -895,20 +895,22 @@ def compile_modes_main(args: argparse.Namespace) -> None:
     import torch._inductor.config as inductor_config
     from torch._inductor import select_algorithm
 
-    train_modes = {
-        "eager": None,
-        "compiled": "default",
-        "compiled, max-autotune": "max-autotune-no-cudagraphs",
+    max_autotune = "max-autotune-no-cudagraphs"  # a CPU has no CUDA graphs to capture
+    train_modes = {  # (compile, mode)
+        "eager": (False, None),
+        "compiled": (True, None),
+        "compiled, max-autotune": (True, max_autotune),
     }
-    infer_modes = {
-        "eager": (None, False),
-        "compiled": ("default", False),
-        "compiled, frozen weights": ("default", True),
-        "compiled, frozen weights, max-autotune": ("max-autotune-no-cudagraphs", True),
+    infer_modes = {  # (compile, mode, frozen weights)
+        "eager": (False, None, False),
+        "compiled": (True, None, False),
+        "compiled, frozen weights": (True, None, True),
+        "compiled, frozen weights, max-autotune": (True, max_autotune, True),
     }
-    steps, tuned = {}, {}
+    steps: dict[str, dict] = {"train": {}, "infer": {}}
+    tuned: dict[str, dict] = {"train": {}, "infer": {}}
 
-    def first_call(name: str, step, *, freezing: bool = False) -> None:
+    def first_call(kind: str, name: str, step, *, freezing: bool = False) -> None:
         record: list[dict] = []
         select_algorithm.add_feedback_saver(autotuned_products(record))
         try:
@@ -916,33 +918,28 @@ def compile_modes_main(args: argparse.Namespace) -> None:
                 step()
         finally:
             select_algorithm.clear_feedback_savers()
-        tuned[name] = record
-        steps[name] = step
+        tuned[kind][f"{kind}: {name}"] = record
+        steps[kind][f"{kind}: {name}"] = step
 
-    for name, mode in train_modes.items():
+    for name, (compile_, mode) in train_modes.items():
         step = make_step(
             kernel="explicit",
             precision="bf16-mixed",
             fused_adam=True,
-            compile_=mode is not None,
+            compile_=compile_,
             batch=args.batch,
-            mode=mode if mode != "default" else None,
+            mode=mode,
         )
-        first_call(f"train: {name}", step)
-    for name, (mode, freezing) in infer_modes.items():
+        first_call("train", name, step)
+    for name, (compile_, mode, freezing) in infer_modes.items():
         torch.manual_seed(0)
-        model = bench.build("ours", width=192, depth=6, heads=3, mlp=768).eval()
-        x = torch.randn(args.batch, 3, 32, 32)
-        forward = model if mode is None else torch.compile(model, mode=mode)
-
-        def infer(forward=forward, x=x) -> None:
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-                forward(x)
-
-        first_call(f"infer: {name}", infer, freezing=freezing)
+        model = bench.build("ours", width=192, depth=6, heads=3, mlp=768)
+        forward = torch.compile(model, mode=mode) if compile_ else model
+        infer = bench.make_steps(forward, batch=args.batch, precision="bf16-mixed")[1]
+        first_call("infer", name, infer, freezing=freezing)
     for kind in ("train", "infer"):
         time_and_write(
-            {n: s for n, s in steps.items() if n.startswith(kind)},
+            steps[kind],
             args=args,
             base=f"{kind}: eager",
             stem=f"compile_modes_{kind}",
@@ -951,9 +948,9 @@ def compile_modes_main(args: argparse.Namespace) -> None:
             about=f"bf16-mixed {'training steps, fused AdamW' if kind == 'train' else 'inference'}"
             f", batch {args.batch}, width 192, depth 6, 3 heads, MLP 768, explicit attention; "
             f"products autotuned per variant, and how many of them inductor's C++ template won: "
-            f"{ {n: template_wins(r) for n, r in tuned.items() if n.startswith(kind)} }; "
+            f"{ {n: template_wins(r) for n, r in tuned[kind].items()} }; "
             f"CPU ISA {torch.backends.cpu.get_cpu_capability()}",
-            extra={"autotuned": {n: r for n, r in tuned.items() if n.startswith(kind)}},
+            extra={"autotuned": tuned[kind]},
             columns=TRAIN_COLUMNS if kind == "train" else INFER_COLUMNS,
         )
 

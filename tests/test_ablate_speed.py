@@ -339,15 +339,18 @@ def test_compile_modes_compiles_each_variant_in_its_mode_and_records_what_was_au
         calls = []
         return lambda: calls or calls.append(first_call("train", mode if compile_ else "eager"))
 
+    class FakeCompiled(torch.nn.Module):  # what torch.compile returns: a module around model
+        def __init__(self, model, mode) -> None:
+            super().__init__()
+            self.model, self.mode, self.calls = model, mode, []
+
+        def forward(self, x):
+            if not self.calls:
+                self.calls.append(first_call("infer", self.mode or "default"))
+            return self.model(x)
+
     def fake_compile(model, *, mode=None, **kw):
-        calls = []
-
-        def run(x):
-            if not calls:
-                calls.append(first_call("infer", mode or "default"))
-            return model(x)
-
-        return run
+        return FakeCompiled(model, mode)
 
     monkeypatch.setattr(ablate, "make_step", fake_step)
     monkeypatch.setattr(ablate.torch, "compile", fake_compile)
