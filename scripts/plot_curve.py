@@ -5,11 +5,11 @@ a step of different cost, compared at equal work.)
 
 python scripts/plot_curve.py runs/cifar10/version_0 [more runs] --out experiments/curve.png
 
-Beside the picture it writes the points it plotted (curve.csv: run, step, minutes, value), so a
-later session can compare its runs with these after the run folders are gone:
+Beside the picture it writes the points it plotted (curve.csv: run, step, minutes, value), so
+later runs can be compared with these after the run folders are gone:
 
 python scripts/plot_curve.py runs/cpu60/version_0 --labels "today's run" \
-    --from-csv experiments/results/cpu60-s22/curve.csv \
+    --from-csv experiments/results/2026-11-25-avx512bf16-depth4-curve/curve.csv \
     --only "cpu60.yaml (depth 4), seed 0" --rename "cpu60.yaml (depth 4), seed 0" "the recipe, seed 0" \
     --out experiments/results/today/curve.png
 

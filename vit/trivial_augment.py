@@ -6,8 +6,8 @@ applies one op to a whole batch, so per-image draws would mean a Python loop ove
 every op runs once on the images that drew it, with a magnitude per image: about 5x the images/s.
 On a GPU every op runs on the whole batch instead and each image keeps the result of its own op:
 13x the arithmetic, which a GPU does not notice, and no host sync (picking the images that drew
-an op needs their count on the host, a sync per op). On an H200 the two ways ran level (session
-26): there the kernel launches, about as many either way, are the cost, not the syncs.
+an op needs their count on the host, a sync per op). On an H200 the two ways ran level
+(experiments/RESULTS.md, GPU runs): there the kernel launches, about as many either way, are the cost, not the syncs.
 """
 
 from __future__ import annotations

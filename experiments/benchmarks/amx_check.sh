@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 3's measurements that need a CPU with AMX-BF16 (the kind of machine the issue was written
-# on; sessions since 19 have had AMD CPUs without it). From the repository root, with the bench
-# extra installed (pip install -e ".[bench]") and nothing else running:
+# on; every run after the one of 2026-11-25 had an AMD CPU without it). From the repository root
+# at commit 53b4d76 (its ablate_speed.py steps need that script, retired since:
+# git checkout 53b4d76), with the bench extra installed (pip install -e ".[bench]") and nothing
+# else running:
 #
 #     bash experiments/benchmarks/amx_check.sh
 #

@@ -1,0 +1,95 @@
+"""The repository's words and links: runs are named by date and machine, and every relative
+Markdown link leads somewhere (issue 42)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# The banned word, spelled in two parts so that this file does not hold it.
+WORD = "".join(("ses", "sion"))
+LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+IMG_SRC = re.compile(r"<img\s[^>]*src=\"([^\"]+)\"")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def repo_files() -> list[Path]:
+    """Tracked files and untracked ones git does not ignore, that exist in the work tree."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git work tree: the file list comes from git ls-files")
+    names = [n for n in out.decode().split("\0") if n]
+    return [ROOT / n for n in names if (ROOT / n).is_file()]
+
+
+def text_of(path: Path) -> str | None:
+    """The file's text, or None for a binary file (not UTF-8)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def test_no_file_or_path_names_the_word():
+    offending = []
+    for path in repo_files():
+        rel = path.relative_to(ROOT).as_posix()
+        if WORD in rel.lower():
+            offending.append(f"{rel} (its path)")
+        text = text_of(path)
+        if text is None:
+            continue
+        for number, line in enumerate(text.splitlines(), start=1):
+            if WORD in line.lower():
+                offending.append(f"{rel}:{number}: {line.strip()[:100]}")
+    assert not offending, (
+        f"{len(offending)} places say {WORD!r}; name runs by date and machine kind instead:\n"
+        + "\n".join(offending)
+    )
+
+
+def relative_links(markdown: str) -> list[str]:
+    """Link targets in Markdown prose (code blocks and code spans left out), minus web links."""
+    prose = CODE_SPAN.sub("", FENCE.sub("", markdown))
+    targets = LINK.findall(prose) + IMG_SRC.findall(prose)
+    return [
+        t
+        for t in targets
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.IGNORECASE) and not t.startswith("#")
+    ]
+
+
+def test_relative_markdown_links_resolve():
+    broken = []
+    for path in repo_files():
+        if path.suffix.lower() != ".md":
+            continue
+        text = text_of(path)
+        if text is None:
+            continue
+        for target in relative_links(text):
+            file_part = unquote(target.split("#", 1)[0].split("?", 1)[0])
+            if not (path.parent / file_part).exists():
+                broken.append(f"{path.relative_to(ROOT).as_posix()}: {target}")
+    assert not broken, "relative links that lead nowhere:\n" + "\n".join(broken)
+
+
+def test_link_finder_reads_markdown_as_written():
+    text = (
+        "See [the recipe](docs/recipe.md#design), ![a curve](results/x/curve.png), "
+        '[web](https://example.org), [top](#layout), <img src="a.png" width="5">, '
+        "`[not](a-link.md)`\n```\n[also not](b.md)\n```\n"
+    )
+    assert relative_links(text) == ["docs/recipe.md#design", "results/x/curve.png", "a.png"]
