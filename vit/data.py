@@ -1,6 +1,7 @@
-"""CIFAR-10 data: the `folder` and `cifar10` sources, the in-memory dataset, and the DataModule.
+"""CIFAR-10 data: the in-memory dataset and the DataModule over the `folder` and `cifar10` sources.
 
-Images live in memory as uint8 tensors (decoded once: vit/folder_source.py). Batches leave the
+By default (`source: auto`) the DataModule finds CIFAR-10 itself (vit/cifar10_source.py). Images
+live in memory as uint8 tensors (decoded once: vit/folder_source.py). Batches leave the
 DataLoader as uint8 and are augmented and normalized on the training device in
 `on_after_batch_transfer`; with `augment_in_loader` the training batches are augmented on the CPU
 where the loader gathers them (its worker processes, with num_workers > 0) instead.
@@ -10,17 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
 import torch
-import torchvision
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.transforms.v2.functional import resize
 
 from vit.augment import TrainAugment, normalize
+from vit.cifar10_source import Found, load_cifar10, locate
 from vit.folder_source import (  # noqa: F401 - re-exported: the data API in one place
     SPLITS,
     Loaded,
@@ -33,6 +36,7 @@ from vit.folder_source import (  # noqa: F401 - re-exported: the data API in one
 )
 from vit.loader import ResumableDataLoader
 
+log = logging.getLogger(__name__)
 CIFAR10_CLASSES = tuple("airplane automobile bird cat deer dog frog horse ship truck".split())
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -111,28 +115,6 @@ def collate_batch(batch: Any) -> Any:
     return default_collate(batch)
 
 
-def load_cifar10(data_dir: str | Path, *, split: Split, download: bool = False) -> Loaded:
-    """torchvision's CIFAR-10 (official pickles in data_dir/cifar-10-batches-py) as tensors."""
-    root = Path(data_dir).expanduser()
-    if not download and not (root / "cifar-10-batches-py").is_dir():
-        raise ValueError(
-            f"no CIFAR-10 at {root / 'cifar-10-batches-py'}; set `download: true` to fetch it "
-            "there, or use `source: folder` with the JPEG archive."
-        )
-    try:
-        dataset = torchvision.datasets.CIFAR10(
-            root=str(root), train=split == "train", download=download
-        )
-    except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
-        raise ValueError(
-            f"CIFAR-10 under {root} is incomplete or corrupted ({err}); "
-            "delete it and set `download: true`."
-        ) from err
-    # (N, 32, 32, 3) -> (N, 3, 32, 32)
-    images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()
-    return images, torch.tensor(dataset.targets, dtype=torch.int64), list(dataset.classes)
-
-
 def _check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> None:
     if optional and value is None:
         return
@@ -147,19 +129,36 @@ def _check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 loaders of uint8 batches, augmented and normalized after the device transfer.
 
-    `augment_in_loader: true` augments the training batches on the CPU as the loader gathers them
-    instead (with `num_workers` > 0, in its worker processes, beside a GPU's step; with 0, in
-    the main process before the transfer). Each batch's draws then come from its own indices
-    and the seed (`batch_seed`) rather than from the step, so a resumed run still augments alike.
+    With `augment_in_loader` each batch's draws come from its own indices and the seed
+    (`batch_seed`) rather than from the step, so a resumed run still augments alike.
+
+    Args:
+        source: auto finds CIFAR-10 (order: vit/cifar10_source.py); folder or cifar10 read data_dir.
+        data_dir: an image folder or .tar.gz of one, or a folder holding cifar-10-batches-py.
+        cache_dir: where decoded tensors and downloads go (default $VIT_CACHE_DIR or ~/.cache/vit).
+        download: may torchvision fetch CIFAR-10? null: as auto's last resort only; false: never.
+        image_size: side the images are resized to; 32 keeps CIFAR-10's own pixels.
+        batch_size: training images per step and device; the recipes tune the learning rate with it.
+        eval_batch_size: images per validation or test batch (default: twice batch_size).
+        val_size: training-split images held out for validation; the test split stays untouched.
+        train_subset: train on this many of the remaining images (nested across sizes); null: all.
+        seed: seeds the batch order, the augmentation and (unless split_seed) the validation split.
+        split_seed: fixes the validation split apart from seed, to compare seeds on one split.
+        num_workers: loader processes; 0 suits in-memory data, more feed a GPU (augment_in_loader).
+        crop_padding: pixels padded before the random crop back to image_size; 0: no crop.
+        hflip: flip half the training images left to right.
+        trivial_augment: TrivialAugment per image, as in experiments/cifar10_full.yaml.
+        augment_in_loader: augment on the CPU as the loader gathers batches, not on the device.
+        drop_last: drop each epoch's last partial batch, so every step sees batch_size images.
     """
 
     def __init__(
         self,
         *,
-        source: Literal["folder", "cifar10"] = "folder",
-        data_dir: str = "../shared/data/cifar10-jpeg.tar.gz",
+        source: Literal["auto", "folder", "cifar10"] = "auto",
+        data_dir: str | None = None,
         cache_dir: str | None = None,
-        download: bool = False,
+        download: bool | None = None,
         image_size: int = 32,
         batch_size: int = 128,
         eval_batch_size: int | None = None,
@@ -175,8 +174,11 @@ class CIFAR10DataModule(L.LightningDataModule):
         drop_last: bool = True,
     ) -> None:
         super().__init__()
-        if source not in ("folder", "cifar10"):
-            raise ValueError(f"source must be 'folder' or 'cifar10', got {source!r}.")
+        if source not in ("auto", "folder", "cifar10"):
+            raise ValueError(
+                f"source must be 'auto', 'folder' or 'cifar10', got {source!r}; "
+                "fix `data.source` (auto finds CIFAR-10 by itself)."
+            )
         _check_int("image_size", image_size, minimum=1)
         _check_int("batch_size", batch_size, minimum=1)
         _check_int("val_size", val_size, minimum=0)
@@ -195,23 +197,48 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.val_dataset: TensorImageDataset | None = None
         self.test_dataset: TensorImageDataset | None = None
         self._classes: list[str] | None = None
+        self._found: Found | None = None
         self._train_loader: ResumableDataLoader | None = None
         self._resume_state: dict[str, int] | None = None
 
     @classmethod
     def from_checkpoint(cls, ckpt: dict[str, Any], **overrides: Any) -> CIFAR10DataModule:
         """The data module a vit-train checkpoint was trained with; overrides that are not None
-        replace its settings (e.g. data_dir on another machine)."""
+        replace its settings. A data_dir given without a source is classified as `auto` does; a
+        folder source saved at a path that is absent here (another machine) becomes the search."""
         accepted = inspect.signature(cls.__init__).parameters
         saved = ckpt.get("datamodule_hyper_parameters") or {}
         args = {k: v for k, v in saved.items() if k in accepted}  # drops LightningCLI's own keys
-        return cls(**{**args, **{k: v for k, v in overrides.items() if v is not None}})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "data_dir" in given and "source" not in given:
+            given["source"] = "auto"
+        elif not {"data_dir", "source"} & set(given) and args.get("source") == "folder":
+            saved_dir = Path(args.get("data_dir") or "").expanduser()
+            if args.get("data_dir") and not saved_dir.exists():
+                log.warning("CIFAR-10 is not at %s as when trained; searching for it", saved_dir)
+                given |= {"source": "auto", "data_dir": None, "download": None}
+        return cls(**{**args, **given})
+
+    def locate(self, *, download: bool | None = None) -> Found:
+        """Where the data is read from (vit/cifar10_source.py's `locate`), found once and logged;
+        `download` overrides the configured permission for a search not yet run."""
+        if self._found is None:
+            hp = self.hparams
+            allowed = hp.download is not False if download is None else download
+            found = locate(hp.source, hp.data_dir, cache_dir=hp.cache_dir, download=allowed)
+            rank_zero_info(f"CIFAR-10: {found.source} source at {found.path} ({found.place})")
+            self._found = found
+        return self._found
 
     @property
     def classes(self) -> list[str]:
         """Class names in label order; known before setup (a folder source is decoded if needed)."""
         if self._classes is None:
-            if self.hparams.source == "cifar10":
+            try:  # never a download here: that is prepare_data's, on one process per node
+                found = self.locate(download=False)
+            except ValueError:  # nothing yet: the search can only end in CIFAR-10's release
+                return list(CIFAR10_CLASSES)
+            if found.source == "cifar10":
                 self._classes = list(CIFAR10_CLASSES)
             else:
                 self._classes = self._load("train", mmap=True)[2]
@@ -222,24 +249,29 @@ class CIFAR10DataModule(L.LightningDataModule):
         return len(self.classes)
 
     def _load(self, split: Split, *, mmap: bool = False) -> Loaded:
-        hp = self.hparams
-        if hp.source == "cifar10":
-            images, labels, classes = load_cifar10(hp.data_dir, split=split, download=hp.download)
+        hp, found = self.hparams, self.locate()
+        if found.source == "cifar10":
+            images, labels, classes = load_cifar10(found.path, split=split, download=self._fetch)
             if images.shape[-1] != hp.image_size:
                 images = resize(images, [hp.image_size, hp.image_size], antialias=True)
             return images, labels, classes
         return load_folder_source(
-            hp.data_dir, split=split, image_size=hp.image_size, cache_dir=hp.cache_dir, mmap=mmap
+            found.path, split=split, image_size=hp.image_size, cache_dir=hp.cache_dir, mmap=mmap
         )
 
+    @property
+    def _fetch(self) -> bool:
+        """Whether an explicit cifar10 source downloads what is missing (auto's search did)."""
+        return self.hparams.source == "cifar10" and bool(self.hparams.download)
+
     def prepare_data(self) -> None:
-        """Download (cifar10) or decode and cache (folder) once, on one process per node."""
-        hp = self.hparams
-        if hp.source == "cifar10":
+        """Find (auto), download (cifar10) or decode and cache (folder) once per node."""
+        hp, found = self.hparams, self.locate()
+        if found.source == "cifar10":
             for split in SPLITS:
-                load_cifar10(hp.data_dir, split=split, download=hp.download)
+                load_cifar10(found.path, split=split, download=self._fetch)
         else:
-            prepare_folder_source(hp.data_dir, image_size=hp.image_size, cache_dir=hp.cache_dir)
+            prepare_folder_source(found.path, image_size=hp.image_size, cache_dir=hp.cache_dir)
 
     def split_indices(self, num_images: int) -> tuple[Tensor, Tensor]:
         """(train, val) indices into the training split: a seeded permutation, val taken first."""
