@@ -27,14 +27,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import vit  # first: MKL's AVX2 kernels on AMD CPUs load with torch (vit/mkl_amd.py)
+from vit import mkl_amd
+from vit.entry import switch_mkl
 
-# isort: split
+if __name__ == "__main__":  # a command: MKL's AVX2 kernels on AMD CPUs, before torch loads
+    switch_mkl()
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.cli import cpu_has_fast_bf16, resolve_device
+from vit.hardware import cpu_has_fast_bf16, resolve_device
 from vit.model import VisionTransformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,13 +45,8 @@ OUT = REPO / "experiments" / "benchmarks"
 NUM_CLASSES, IMG, PATCH = 10, 32, 4
 
 
-def build(
-    name: str, *, width: int, depth: int, heads: int, mlp: int, **ours: object
-) -> nn.Module | None:
-    """One model by name at the shared configuration; None if its package is missing. `ours`:
-    more options of our VisionTransformer (e.g. class_token, global_pool), for our models only."""
-    if ours and not name.startswith("ours"):
-        raise ValueError(f"options {sorted(ours)} are our model's; {name!r} takes none")
+def build(name: str, *, width: int, depth: int, heads: int, mlp: int) -> nn.Module | None:
+    """One model by name at the shared configuration; None if its package is missing."""
     same = dict(
         img_size=IMG,
         patch_size=PATCH,
@@ -60,7 +58,7 @@ def build(
     )  # timm's names are ours
     if name.startswith("ours"):
         kernel = "fused" if name.endswith("fused") else "explicit"
-        return VisionTransformer(**same, kernel=kernel, **ours)
+        return VisionTransformer(**same, kernel=kernel)
     if name.startswith("timm"):
         try:
             from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -85,7 +83,7 @@ def build(
             dim_head=width // heads,
             mlp_dim=mlp,
         )
-    raise ValueError(f"unknown model {name!r}")
+    raise ValueError(f"unknown model {name!r}: expected one of {MODELS}")
 
 
 MODELS = ("ours", "ours-fused", "timm", "timm-unfused", "vit-pytorch")
@@ -327,7 +325,7 @@ def run(args: argparse.Namespace) -> dict:
             "cpu": cpu_name(),
             "isa": torch.backends.cpu.get_cpu_capability(),
             "native_bf16": cpu_has_fast_bf16(),
-            "mkl_amd": vit.mkl_amd.status(),  # every model here runs on the same MKL path
+            "mkl_amd": mkl_amd.status(),  # every model here runs on the same MKL path
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "cuda": torch.cuda.is_available(),

@@ -1,6 +1,6 @@
 """Thin wrapper: the same as the `vit-evaluate` command (see README)."""
 
-from vit.cli import evaluate_main
+from vit.entry import evaluate
 
 if __name__ == "__main__":
-    evaluate_main()
+    evaluate()

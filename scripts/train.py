@@ -1,6 +1,6 @@
 """Thin wrapper: the same as the `vit-train` command (see README)."""
 
-from vit.cli import train_main
+from vit.entry import train
 
 if __name__ == "__main__":
-    train_main()
+    train()

@@ -1,6 +1,6 @@
 """Thin wrapper: the same as the `vit-visualize` command (see README)."""
 
-from vit.visualize import visualize_main
+from vit.entry import visualize
 
 if __name__ == "__main__":
-    visualize_main()
+    visualize()

@@ -9,9 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-import vit  # noqa: F401  first, as the CLI does: MKL's AVX2 kernels on AMD CPUs (vit/mkl_amd.py)
-
-# isort: split
 import lightning as L
 import pytest
 import torch
@@ -27,6 +24,25 @@ TINY = dict(
     img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0
 )
 TINY_ARGS = {k: v for k, v in TINY.items() if k != "img_size"}  # the same model, ViTClassifier's
+
+
+def tiny_classifier(
+    *,
+    network: dict | None = None,
+    optimizer: dict | None = None,
+    schedule: dict | None = None,
+    **options,
+):
+    """ViTClassifier of the tiny model (vit_nano's options, TINY's sizes); `network`, `optimizer`
+    and `schedule` update those groups, `options` are its other arguments."""
+    from vit.lit_module import ViTClassifier
+
+    return ViTClassifier(
+        network={"preset": "vit_nano", **TINY_ARGS, **(network or {})},
+        optimizer=optimizer or {},
+        schedule=schedule or {},
+        **options,
+    )
 
 
 def load_script(name: str) -> ModuleType:
@@ -132,12 +148,12 @@ def image_tree_tgz(image_tree: Path, tmp_path: Path) -> Path:
 # ---- a tiny training run, shared by the tests that need a checkpoint -----------------------
 
 TINY_MODEL_ARGS = [
-    "--model.preset=vit_nano",
-    "--model.patch_size=8",
-    "--model.embed_dim=32",
-    "--model.depth=2",
-    "--model.num_heads=2",
-    "--model.warmup_epochs=0.5",
+    "--model.network.preset=vit_nano",
+    "--model.network.patch_size=8",
+    "--model.network.embed_dim=32",
+    "--model.network.depth=2",
+    "--model.network.num_heads=2",
+    "--model.schedule.warmup_epochs=0.5",
 ]
 
 
@@ -156,7 +172,7 @@ def train_args(data_dir: Path, runs: Path, *extra: str) -> list[str]:
     return [
         "fit",
         *TINY_MODEL_ARGS,
-        "--model.num_classes=3",
+        "--model.network.num_classes=3",
         f"--data.data_dir={data_dir}",
         f"--data.cache_dir={runs / 'cache'}",
         "--data.batch_size=8",

@@ -10,16 +10,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import vit  # noqa: F401  first, as the CLI and the tests do: MKL's kernels (vit/mkl_amd.py)
-
-# isort: split
 import lightning as L
 import torch
 
 from vit.data import CIFAR10DataModule
 from vit.lit_module import ViTClassifier
 
-TINY_CLASSIFIER = dict(
+TINY_NETWORK = dict(
     preset="vit_nano", num_classes=3, patch_size=8, embed_dim=32, depth=2, num_heads=2
 )
 
@@ -49,7 +46,9 @@ def one_step(data: Path, out: Path, *, batch_size: int, **trainer_kwargs) -> Non
         hflip=False,
     )
     torch.manual_seed(0)
-    module = ViTClassifier(**TINY_CLASSIFIER, warmup_epochs=0.0, lr=1e-2)
+    module = ViTClassifier(
+        network=TINY_NETWORK, optimizer={"lr": 1e-2}, schedule={"warmup_epochs": 0.0}
+    )
     trainer = L.Trainer(
         max_steps=1,
         max_epochs=1,

@@ -134,10 +134,3 @@ def test_gpu_steps_and_memory_run_on_the_gpu() -> None:
     infer()
     assert bench.peak_gpu_memory_mb("ours", CFG, 4, "bf16-mixed", "cuda") > 0
     assert bench.bench_data(batch=8, repeats=1, max_batches=2, device="cuda") > 0
-
-
-def test_build_passes_our_model_options_and_refuses_them_for_a_peer() -> None:
-    model = bench.build("ours", **CFG, class_token=False, global_pool="avg")
-    assert model.cls_token is None and model.global_pool == "avg"
-    with pytest.raises(ValueError, match=r"\['class_token'\] are our model's; 'timm' takes none"):
-        bench.build("timm", **CFG, class_token=False)

@@ -40,7 +40,11 @@ def _save_lightning_like(path: Path, model: VisionTransformer, *, prefix: str = 
     """A vit-train-shaped checkpoint (hyper_parameters + prefixed state_dict + metric state)."""
     state = {prefix + k: v for k, v in model.state_dict().items()}
     state["metrics.val_acc1.tp"] = torch.zeros(3)
-    hp = {"preset": "vit_nano", **TINY3, "lr": 1e-3, "class_names": ["a", "b", "c"]}
+    hp = {
+        "network": {"preset": "vit_nano", **TINY3},
+        "optimizer": {"lr": 1e-3},
+        "class_names": ["a", "b", "c"],
+    }
     torch.save({"state_dict": state, "hyper_parameters": hp, "epoch": 1}, path)
     return path
 
@@ -64,7 +68,10 @@ class _Payload:
 )
 def test_pickle_payload_is_refused_and_never_runs(tmp_path, zip_format, loader) -> None:
     marker, path = tmp_path / "pwned", tmp_path / "evil.ckpt"
-    ckpt = {"state_dict": _model().state_dict(), "hyper_parameters": {"preset": "vit_nano"}}
+    ckpt = {
+        "state_dict": _model().state_dict(),
+        "hyper_parameters": {"network": {"preset": "vit_nano"}},
+    }
     ckpt["callbacks"] = _Payload(marker)
     torch.save(ckpt, path, _use_new_zipfile_serialization=zip_format)
     with pytest.raises(ValueError, match="refusing to load") as err:
@@ -204,7 +211,7 @@ def test_sincos_table_is_rebuilt_for_the_new_size(tmp_path) -> None:
     torch.save(
         {
             "state_dict": {f"model.{k}": v for k, v in src.state_dict().items()},
-            "hyper_parameters": {"preset": "vit_nano", **TINY3, "pos_embed": "sincos"},
+            "hyper_parameters": {"network": {"preset": "vit_nano", **TINY3, "pos_embed": "sincos"}},
         },
         path,
     )
@@ -302,7 +309,7 @@ def test_lsa_or_spt_model_rebuilds_from_its_checkpoint_and_refuses_timm(
         for p in ours.parameters():
             p.add_(0.1 * torch.randn_like(p))
     path = tmp_path / f"{option}.ckpt"
-    hp = {"preset": "vit_nano", **TINY3, option: True}
+    hp = {"network": {"preset": "vit_nano", **TINY3, option: True}}
     torch.save(
         {
             "state_dict": {"model." + k: v for k, v in ours.state_dict().items()},

@@ -71,7 +71,7 @@ def test_bf16_falls_back_to_float32_on_a_cpu_without_native_bf16(
     extra: list[str],
     expected: str,
 ) -> None:
-    monkeypatch.setattr("vit.cli.cpu_has_fast_bf16", lambda: fast_bf16)
+    monkeypatch.setattr("vit.hardware.cpu_has_fast_bf16", lambda: fast_bf16)
     args = train_args(image_tree, tmp_path / "runs", "--trainer.precision=bf16-mixed", *extra)
     cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
     assert cli.trainer.precision == expected
@@ -84,7 +84,7 @@ def test_bf16_falls_back_to_float32_on_a_cpu_without_native_bf16(
 @pytest.mark.parametrize(
     ("status", "warned"),
     [
-        ("not possible: torch was imported before vit, ...", True),  # AMD, and speed lost
+        ("not possible: torch was imported first, ...", True),  # AMD, and speed lost
         ("on: MKL (torch's float32 BLAS on x86) takes its AVX2 or AVX-512 kernels (x.so)", False),
         ("not needed: GenuineIntel CPU", False),
         ("off: VIT_MKL_AVX2=0", False),  # the user's choice: nothing to warn about
@@ -109,7 +109,7 @@ def test_training_warns_where_the_mkl_shim_could_not_help(
 def test_a_run_records_the_precision_it_trained_with(
     image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("vit.cli.cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr("vit.hardware.cpu_has_fast_bf16", lambda: False)
     runs = tmp_path / "runs"
     train_main(
         train_args(image_tree, runs, "--trainer.precision=bf16-mixed", "--trainer.max_epochs=1")
@@ -136,8 +136,10 @@ def test_vit_train_from_the_command_line_adds_fit_without_lightnings_args_warnin
 
 def test_class_count_mismatch_is_reported(image_tree: Path, tmp_path: Path) -> None:
     args = train_args(image_tree, tmp_path / "runs")
-    args[args.index("--model.num_classes=3")] = "--model.num_classes=10"
-    with pytest.raises(ValueError, match="the data has 3 classes.*num_classes=10"):
+    args[args.index("--model.network.num_classes=3")] = "--model.network.num_classes=10"
+    with pytest.raises(
+        ValueError, match="the data has 3 classes.*num_classes=10; set model.network.num_classes: 3"
+    ):
         train_main(args)
 
 
@@ -156,7 +158,7 @@ def test_every_experiment_config_parses(config: Path) -> None:
     cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=["-c", str(config)], run=False)
     assert isinstance(cli.model, ViTClassifier)
     assert cli.trainer.max_epochs >= 1
-    assert cli.datamodule.hparams.source in ("folder", "cifar10")
+    assert cli.datamodule.hparams.source in ("auto", "folder", "cifar10")
 
 
 @pytest.mark.slow
@@ -167,14 +169,14 @@ def test_smoke_on_real_cifar10_beats_chance(tmp_path: Path) -> None:
     """A 1-minute run on 4,000 real CIFAR-10 images must clear 10% chance by a wide margin."""
     runs = tmp_path / "runs"
     args = train_args(CIFAR_ARCHIVE, runs)
-    args[args.index("--model.num_classes=3")] = "--model.num_classes=10"
+    args[args.index("--model.network.num_classes=3")] = "--model.network.num_classes=10"
     args[args.index("--data.batch_size=8")] = "--data.batch_size=64"
     args[args.index("--data.val_size=6")] = "--data.val_size=1000"
     args[args.index(f"--data.cache_dir={runs / 'cache'}")] = "--data.train_subset=4000"
-    args[args.index("--model.patch_size=8")] = "--model.patch_size=4"
+    args[args.index("--model.network.patch_size=8")] = "--model.network.patch_size=4"
     args += [
-        "--model.embed_dim=64",
-        "--model.lr=2e-3",
+        "--model.network.embed_dim=64",
+        "--model.optimizer.lr=2e-3",
         "--trainer.max_epochs=4",
         "--trainer.precision=bf16-mixed",
     ]
@@ -209,7 +211,8 @@ def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) 
 
 
 def test_evaluate_device_is_checked_before_anything_loads(monkeypatch, tmp_path, capsys) -> None:
-    from vit.cli import evaluate_main, resolve_device
+    from vit.cli import evaluate_main
+    from vit.hardware import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

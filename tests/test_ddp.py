@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import CIFAR_ARCHIVE, REPO
-from tests.ddp_step import TINY_CLASSIFIER, one_step
+from tests.ddp_step import TINY_NETWORK, one_step
 from vit.lit_module import ViTClassifier
 
 
@@ -43,7 +43,7 @@ def test_ddp_step_equals_single_process_on_the_global_batch(image_tree: Path, tm
     assert proc.returncode == 0, proc.stderr[-4000:]
     w2, g2 = _load(out)
     torch.manual_seed(0)
-    initial = ViTClassifier(**TINY_CLASSIFIER).model.state_dict()
+    initial = ViTClassifier(network=TINY_NETWORK).model.state_dict()
     for name, grad in g1.items():  # DDP's averaged gradient == the global batch's gradient
         assert torch.allclose(g2[name], grad, rtol=1e-4, atol=1e-7), name
     for name, value in w1.items():  # and so the same AdamW update, where the gradient is not ~0
@@ -60,7 +60,7 @@ def test_quick_config_runs_under_ddp_on_two_cpu_processes(tmp_path: Path) -> Non
     cmd = [
         sys.executable,
         "-m",
-        "vit.cli",
+        "vit.entry",
         "-c",
         str(REPO / "experiments/quick.yaml"),
         "--trainer.accelerator=cpu",

@@ -8,7 +8,7 @@ import lightning as L
 import pytest
 import torch
 
-from tests.conftest import TINY_ARGS, quiet_trainer, random_loader
+from tests.conftest import quiet_trainer, random_loader, tiny_classifier
 from vit.callbacks import EMA
 from vit.checkpoint import load_checkpoint, load_model
 from vit.lit_module import ViTClassifier
@@ -48,7 +48,7 @@ def test_ema_is_the_warmed_up_average_and_validation_and_checkpoints_use_it(tmp_
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     decay = 0.8  # below the warm-up's (1 + n) / (10 + n) from n = 36 on: both regimes are seen
-    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, lr=3e-3, warmup_epochs=0.0)
+    module = tiny_classifier(optimizer={"lr": 3e-3}, schedule={"warmup_epochs": 0.0})
     record = Record()
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     trainer = quiet_trainer(
@@ -92,8 +92,8 @@ def test_resume_continues_the_live_weights_and_the_average(tmp_path) -> None:
         from lightning.pytorch.callbacks import ModelCheckpoint
 
         torch.manual_seed(0)
-        module = ViTClassifier(
-            preset="vit_nano", **TINY_ARGS, lr=3e-3, min_lr=3e-3, warmup_epochs=0.0
+        module = tiny_classifier(
+            optimizer={"lr": 3e-3}, schedule={"min_lr": 3e-3, "warmup_epochs": 0.0}
         )
         trainer = quiet_trainer(
             root,

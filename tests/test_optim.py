@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import TINY_ARGS, quiet_trainer, random_loader
+from tests.conftest import quiet_trainer, random_loader, tiny_classifier
 from vit import optim
-from vit.lit_module import ViTClassifier, muon_param_groups
-from vit.optim import MuonAdamW, orthogonalize
+from vit.lit_module import ViTClassifier
+from vit.optim import MuonAdamW, muon_param_groups, orthogonalize
 
 
 @pytest.mark.parametrize("shape", [(8, 24), (24, 8), (16, 16)])
@@ -137,7 +137,7 @@ def test_a_split_group_orthogonalizes_each_block_of_rows_on_its_own() -> None:
 
 
 def test_muon_split_qkv_puts_qkv_in_a_split_group_and_trains(tmp_path) -> None:
-    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon", muon_split_qkv=True)
+    module = tiny_classifier(optimizer={"name": "muon", "muon": {"split_qkv": True}})
     groups = muon_param_groups(module.model, weight_decay=0.05, split_qkv=True)
     names = {id(p): n for n, p in module.model.named_parameters()}
     assert [g.get("split", 1) for g in groups[:2]] == [1, 3]
@@ -150,8 +150,8 @@ def test_muon_split_qkv_puts_qkv_in_a_split_group_and_trains(tmp_path) -> None:
     trainer.fit(module, random_loader(48))
     assert [g["split"] for g in trainer.optimizers[0].param_groups[:2]] == [1, 3]
     assert all((p - s).abs().max() > 0 for p, s in zip(qkv, start, strict=True))
-    with pytest.raises(ValueError, match="optimizer='adamw' does not use Muon"):
-        ViTClassifier(optimizer="adamw", muon_split_qkv=True)
+    with pytest.raises(ValueError, match="optimizer.name='adamw' has no Muon group"):
+        ViTClassifier(optimizer={"name": "adamw", "muon": {"split_qkv": True}})
 
 
 @pytest.mark.parametrize("spt", [True, False])
@@ -164,8 +164,8 @@ def test_muon_patch_embed_puts_the_patch_projection_in_muon_and_trains(
     fast) the step and this check's recomputation round apart by more than the tolerance."""
     monkeypatch.setattr(optim, "iteration_dtype", lambda params: torch.float32)
     torch.manual_seed(0)
-    module = ViTClassifier(
-        preset="vit_nano", **TINY_ARGS, spt=spt, optimizer="muon", muon_patch_embed=True
+    module = tiny_classifier(
+        network={"spt": spt}, optimizer={"name": "muon", "muon": {"patch_embed": True}}
     )
     names = {id(p): n for n, p in module.model.named_parameters()}
     groups = muon_param_groups(module.model, weight_decay=0.05, patch_embed=True)
@@ -188,8 +188,11 @@ def test_muon_patch_embed_puts_the_patch_projection_in_muon_and_trains(
     lr, scale = group["lr"], 0.2 * max(flat.shape) ** 0.5
     expected = start * (1 - lr * group["weight_decay"]) - lr * scale * update
     torch.testing.assert_close(weight.detach(), expected, atol=1e-5, rtol=1e-4)
-    with pytest.raises(ValueError, match=r"muon_patch_embed=True: .* muon_patch_embed: false"):
-        ViTClassifier(optimizer="adamw", muon_patch_embed=True)
+    with pytest.raises(
+        ValueError,
+        match=r"optimizer.muon sets patch_embed=True, .*\(--model.optimizer.muon.patch_embed false",
+    ):
+        ViTClassifier(optimizer={"name": "adamw", "muon": {"patch_embed": True}})
 
 
 def test_muon_ns_steps_reaches_the_iterations_and_is_checked(tmp_path, monkeypatch) -> None:
@@ -198,23 +201,25 @@ def test_muon_ns_steps_reaches_the_iterations_and_is_checked(tmp_path, monkeypat
     monkeypatch.setattr(
         optim, "orthogonalize", lambda g, **kw: steps_seen.append(kw["steps"]) or real(g, **kw)
     )
-    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon", muon_ns_steps=3)
+    module = tiny_classifier(optimizer={"name": "muon", "muon": {"ns_steps": 3}})
     trainer = quiet_trainer(tmp_path, max_steps=1, max_epochs=1)
     trainer.fit(module, random_loader(48))
     muon = [g for g in trainer.optimizers[0].param_groups if g["use_muon"]]
     assert muon and all(g["ns_steps"] == 3 for g in muon)
     assert steps_seen and set(steps_seen) == {3}
     for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match=r"muon_ns_steps=.*: expected a whole number"):
-            ViTClassifier(optimizer="muon", muon_ns_steps=bad)
-    with pytest.raises(ValueError, match="--model.muon_ns_steps 5"):
-        ViTClassifier(optimizer="adamw", muon_ns_steps=3)
+        with pytest.raises(
+            ValueError, match=r"optimizer.muon.ns_steps=.*: expected a whole number"
+        ):
+            ViTClassifier(optimizer={"name": "muon", "muon": {"ns_steps": bad}})
+    with pytest.raises(ValueError, match="--model.optimizer.muon.ns_steps 5"):
+        ViTClassifier(optimizer={"name": "adamw", "muon": {"ns_steps": 3}})
     with pytest.raises(ValueError, match=r"ns_steps=0: expected a whole number"):
         MuonAdamW([{"params": [nn.Parameter(torch.ones(2, 2))], "use_muon": True}], ns_steps=0)
 
 
 def test_muon_momentum_reaches_the_optimizer_and_is_checked(tmp_path) -> None:
-    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon", muon_momentum=0.8)
+    module = tiny_classifier(optimizer={"name": "muon", "muon": {"momentum": 0.8}})
     trainer = quiet_trainer(tmp_path, max_steps=1, max_epochs=1)
     trainer.fit(module, random_loader(48))
     muon = [g for g in trainer.optimizers[0].param_groups if g["use_muon"]]
@@ -223,15 +228,19 @@ def test_muon_momentum_reaches_the_optimizer_and_is_checked(tmp_path) -> None:
     grad = muon[0]["params"][0].grad
     torch.testing.assert_close(state["momentum_buffer"], 0.2 * grad)  # (1 - 0.8) g, from zero
     for bad in (1.0, -0.1):
-        with pytest.raises(ValueError, match=rf"muon_momentum={bad} must be in \[0, 1\)"):
-            ViTClassifier(optimizer="muon", muon_momentum=bad)
+        with pytest.raises(ValueError, match=rf"optimizer.muon.momentum={bad} must be in \[0, 1\)"):
+            ViTClassifier(optimizer={"name": "muon", "muon": {"momentum": bad}})
     # two Muon settings over AdamW: both named, with the flags that turn them off
-    with pytest.raises(ValueError, match="--model.muon_momentum 0.95 --model.muon_patch_embed"):
-        ViTClassifier(optimizer="adamw", muon_momentum=0.9, muon_patch_embed=True)
+    with pytest.raises(
+        ValueError,
+        match="sets momentum=0.9, patch_embed=True, .*"
+        "--model.optimizer.muon.momentum 0.95 --model.optimizer.muon.patch_embed false",
+    ):
+        ViTClassifier(optimizer={"name": "adamw", "muon": {"momentum": 0.9, "patch_embed": True}})
 
 
 def test_muon_groups_take_the_blocks_matrices_only() -> None:
-    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
+    module = tiny_classifier(optimizer={"name": "muon"})
     groups = muon_param_groups(module.model, weight_decay=0.05)
     names = {id(p): n for n, p in module.model.named_parameters()}
     muon = {names[id(p)] for p in groups[0]["params"]}
@@ -244,7 +253,7 @@ def test_muon_groups_take_the_blocks_matrices_only() -> None:
 
 def test_muon_trains_resumes_and_refuses_unknown_optimizers(tmp_path) -> None:
     torch.manual_seed(0)
-    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon", warmup_epochs=0)
+    module = tiny_classifier(optimizer={"name": "muon"}, schedule={"warmup_epochs": 0})
     start = {n: p.detach().clone() for n, p in module.named_parameters()}
     trainer = quiet_trainer(tmp_path, max_steps=3, max_epochs=1)
     trainer.fit(module, random_loader(48))
@@ -254,13 +263,13 @@ def test_muon_trains_resumes_and_refuses_unknown_optimizers(tmp_path) -> None:
     trainer.save_checkpoint(path)
     state = torch.load(path, weights_only=True)["optimizer_states"][0]
     assert any("momentum_buffer" in s for s in state["state"].values())
-    with pytest.raises(ValueError, match="optimizer='sgd'"):
-        ViTClassifier(optimizer="sgd")
+    with pytest.raises(ValueError, match="optimizer.name='sgd': expected 'adamw', or 'muon'"):
+        ViTClassifier(optimizer={"name": "sgd"})
 
 
 def test_muon_lr_scale_sets_the_muon_groups_peak_and_the_schedule_scales_both(tmp_path) -> None:
-    module = ViTClassifier(
-        preset="vit_nano", **TINY_ARGS, optimizer="muon", muon_lr_scale=3.0, warmup_epochs=1
+    module = tiny_classifier(
+        optimizer={"name": "muon", "muon": {"lr_scale": 3.0}}, schedule={"warmup_epochs": 1}
     )
     lrs = []
 
@@ -277,33 +286,42 @@ def test_muon_lr_scale_sets_the_muon_groups_peak_and_the_schedule_scales_both(tm
     logged = trainer.callback_metrics["train/lr"]  # the schedule's (AdamW's) lr, not Muon's
     assert float(logged) == pytest.approx(lrs[-1][-1])
     for bad in (0.0, -1.0):
-        with pytest.raises(ValueError, match=f"muon_lr_scale={bad} must be positive"):
-            ViTClassifier(optimizer="muon", muon_lr_scale=bad)
-    with pytest.raises(ValueError, match="set optimizer: muon, or muon_lr_scale: 1.0 "):
-        ViTClassifier(optimizer="adamw", muon_lr_scale=2.0)
+        with pytest.raises(ValueError, match=f"optimizer.muon.lr_scale={bad} must be positive"):
+            ViTClassifier(optimizer={"name": "muon", "muon": {"lr_scale": bad}})
+    with pytest.raises(
+        ValueError,
+        match="optimizer.muon sets lr_scale=2.0, and optimizer.name='adamw' has no Muon group: "
+        "set optimizer.name: muon, or drop those settings "
+        r"\(--model.optimizer.muon.lr_scale 1.0 ",
+    ):
+        ViTClassifier(optimizer={"name": "adamw", "muon": {"lr_scale": 2.0}})
 
 
 def test_a_resume_with_another_optimizer_layout_says_which_to_resume_with(tmp_path) -> None:
     torch.manual_seed(0)
-    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
+    module = tiny_classifier(optimizer={"name": "muon"})
     trainer = quiet_trainer(tmp_path, max_steps=2, max_epochs=1)
     trainer.fit(module, random_loader(48))
     path = tmp_path / "muon.ckpt"
     trainer.save_checkpoint(path)
     for other, flag in (
-        (dict(optimizer="muon", muon_split_qkv=True), "--model.muon_split_qkv false"),
-        (dict(optimizer="muon", muon_patch_embed=True), "--model.muon_patch_embed false"),
-        (dict(optimizer="adamw"), "--model.optimizer muon"),
+        ({"name": "muon", "muon": {"split_qkv": True}}, "--model.optimizer.muon.split_qkv false"),
+        (
+            {"name": "muon", "muon": {"patch_embed": True}},
+            "--model.optimizer.muon.patch_embed false",
+        ),
+        ({"name": "adamw"}, "--model.optimizer.name muon"),
     ):
-        resumed = ViTClassifier(preset="vit_nano", **TINY_ARGS, **other)
+        resumed = tiny_classifier(optimizer=other)
         with pytest.raises(ValueError, match=f"a resume needs the same .* {flag}"):
             quiet_trainer(tmp_path, max_steps=4, max_epochs=2).fit(
                 resumed, random_loader(48), ckpt_path=path
             )
     # the same layout resumes; loading the weights into another layout (not a resume) works
-    same = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
+    same = tiny_classifier(optimizer={"name": "muon"})
     quiet_trainer(tmp_path, max_steps=3, max_epochs=2).fit(same, random_loader(48), ckpt_path=path)
-    ViTClassifier.load_from_checkpoint(path, optimizer="adamw")
+    loaded = ViTClassifier.load_from_checkpoint(path, optimizer={"name": "adamw"})
+    assert loaded.hparams.optimizer["name"] == "adamw"
 
 
 def test_muon_refuses_fsdp_which_shards_its_matrices() -> None:
@@ -311,19 +329,19 @@ def test_muon_refuses_fsdp_which_shards_its_matrices() -> None:
 
     from lightning.pytorch.strategies import FSDPStrategy
 
-    module = ViTClassifier(preset="vit_nano", **TINY_ARGS, optimizer="muon")
+    module = tiny_classifier(optimizer={"name": "muon"})
     module._trainer = SimpleNamespace(strategy=FSDPStrategy(), max_epochs=1)
     with pytest.raises(ValueError, match="FSDP shards them.*strategy ddp"):
         module.configure_optimizers()
 
 
 def test_iterations_run_in_bf16_only_where_bf16_is_fast(monkeypatch) -> None:
-    import vit.cli
+    import vit.optim
 
     w = nn.Parameter(torch.zeros(4, 4))
     for fast, dtype in ((False, torch.float32), (True, torch.bfloat16)):
-        monkeypatch.setattr(vit.cli, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        monkeypatch.setattr(vit.optim, "cpu_has_fast_bf16", lambda fast=fast: fast)
         assert MuonAdamW([{"params": [w], "use_muon": True}]).ns_dtype == dtype
-    monkeypatch.setattr(vit.cli, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(vit.optim, "cpu_has_fast_bf16", lambda: True)
     opt = MuonAdamW([{"params": [w], "use_muon": True}], ns_dtype=torch.float32)
     assert opt.ns_dtype == torch.float32  # an explicit dtype wins

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, train_args
+from tests.conftest import REPO, tiny_classifier, train_args
 from vit.checkpoint import load_checkpoint
 from vit.cli import train_main
 
@@ -28,8 +28,8 @@ def _args(data: Path, runs: Path, *extra: str) -> list[str]:
         "--trainer.max_epochs=3",
         "--trainer.deterministic=true",
         "--seed_everything=7",
-        "--model.drop_rate=0.1",
-        "--model.drop_path_rate=0.1",
+        "--model.network.drop_rate=0.1",
+        "--model.network.drop_path_rate=0.1",
         *extra,
     ]
 
@@ -74,14 +74,11 @@ def test_disk_full_during_a_save_leaves_the_previous_last_checkpoint(image_tree,
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from vit.data import CIFAR10DataModule
-    from vit.lit_module import ViTClassifier
 
     dm = CIFAR10DataModule(
         data_dir=str(image_tree), cache_dir=str(tmp_path / "cache"), batch_size=8, val_size=6
     )
-    module = ViTClassifier(
-        preset="vit_nano", num_classes=3, patch_size=8, embed_dim=32, depth=2, num_heads=2
-    )
+    module = tiny_classifier(network={"num_classes": 3})
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1)
     trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[ckpt], enable_progress_bar=False)
     trainer.fit(module, dm)
@@ -111,7 +108,6 @@ def test_last_checkpoint_is_written_by_step_and_at_every_epoch_end(tmp_path) -> 
     from torch.utils.data import DataLoader, TensorDataset
 
     from vit.callbacks import LastCheckpoint
-    from vit.lit_module import ViTClassifier
 
     steps_seen = []
 
@@ -124,9 +120,7 @@ def test_last_checkpoint_is_written_by_step_and_at_every_epoch_end(tmp_path) -> 
     data = DataLoader(
         TensorDataset(torch.randn(64, 3, 32, 32), torch.randint(0, 3, (64,))), batch_size=16
     )
-    module = ViTClassifier(
-        preset="vit_nano", num_classes=3, patch_size=8, embed_dim=32, depth=2, num_heads=2
-    )
+    module = tiny_classifier(network={"num_classes": 3})
     trainer = L.Trainer(
         max_epochs=2,
         logger=False,

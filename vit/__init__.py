@@ -1,6 +1,4 @@
-"""vit: a Vision Transformer for CIFAR-10, built from first principles with PyTorch Lightning."""
+"""vit: a Vision Transformer for CIFAR-10, built from first principles with PyTorch Lightning.
 
-from vit import mkl_amd
-
-# First, before anything imports torch: MKL's AVX2 kernels on AMD CPUs (vit/mkl_amd.py).
-mkl_amd.enable()
+Importing it only defines things; process-wide switches (vit/mkl_amd.py) belong to the commands.
+"""

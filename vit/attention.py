@@ -74,9 +74,9 @@ def default_kernel(
 ) -> Literal["fused", "explicit"]:
     """The kernel `auto` picks: fused on accelerators and for float32 on CPU, explicit for bf16 on CPU.
 
-    Measured, not assumed (experiments/benchmarks/NOTES.md): on 2-core CPUs at 65 tokens, the fused
-    CPU kernel loses most of bf16's gain in training (0.55x matmul-softmax-matmul), while in float32
-    it is level in training and 1.06-1.15x faster in inference (AVX2 CPU, cpu-avx2.md).
+    Measured, not assumed (docs/performance.md): on 2-core CPUs at 65 tokens, the fused CPU kernel
+    loses most of bf16's gain in training, while in float32 it is level in training and faster in
+    inference.
     """
     return "explicit" if device.type == "cpu" and dtype != torch.float32 else "fused"
 

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vit.config import NetworkConfig
 from vit.embed import resize_pos_embed
-from vit.model import VisionTransformer, model_config
+from vit.model import VisionTransformer
 
 PREFIXES = ("model.", "module.", "_orig_mod.")  # Lightning, DDP, torch.compile
 MODEL_ARGS = set(inspect.signature(VisionTransformer.__init__).parameters) - {"self"}
@@ -61,7 +62,67 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict; expected a "
             f".ckpt from vit-train or a saved state_dict."
         )
+    return migrate_checkpoint(ckpt)
+
+
+# ViTClassifier's options before they were grouped into network, optimizer and schedule: each
+# flat key, and where it lives now (a key of the group, or "" where it became a callback's)
+_FLAT_NETWORK = set(NetworkConfig.__dataclass_fields__)
+_FLAT_OPTIMIZER = {"optimizer": "name", "lr": "lr", "weight_decay": "weight_decay",
+                   "betas": "betas", "fused_adamw": "fused"}  # fmt: skip
+_FLAT_MUON = {
+    f"muon_{k}": k for k in ("lr_scale", "momentum", "ns_steps", "split_qkv", "patch_embed")
+}
+_FLAT_SCHEDULE = {"warmup_epochs": "warmup_epochs", "warmup_fraction": "warmup_fraction",
+                  "min_lr": "min_lr", "lr_decay": "decay"}  # fmt: skip
+_FLAT_TO_CALLBACKS = ("time_budget_min", "res_schedule", "patch_drop_schedule")
+
+
+def migrate_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """A vit-train checkpoint of an older layout, in place, as today's: flat hyper-parameters
+    grouped into network, optimizer and schedule (the budget and the curricula are callbacks
+    now, configured in the trainer, so their old settings are dropped), and the time budget's
+    clock moved into its callback's state. Today's checkpoints pass unchanged."""
+    hp = ckpt.get("hyper_parameters")
+    if isinstance(hp, dict) and "preset" in hp and "network" not in hp:
+        flat = dict(hp)
+        optimizer = {new: flat.pop(old) for old, new in _FLAT_OPTIMIZER.items() if old in flat}
+        optimizer["muon"] = {new: flat.pop(old) for old, new in _FLAT_MUON.items() if old in flat}
+        if optimizer.get("name", "adamw") != "muon":
+            optimizer["muon"] = {}  # the defaults: AdamW refuses Muon settings
+        schedule = {new: flat.pop(old) for old, new in _FLAT_SCHEDULE.items() if old in flat}
+        network = {k: flat.pop(k) for k in list(flat) if k in _FLAT_NETWORK}
+        for key in _FLAT_TO_CALLBACKS:
+            flat.pop(key, None)
+        hp.clear()
+        hp.update(flat, network=network, optimizer=optimizer, schedule=schedule)
+    if "train_elapsed_s" in ckpt:
+        callbacks = ckpt.setdefault("callbacks", {})
+        callbacks.setdefault(
+            "TimeBudget",
+            {
+                "elapsed_s": ckpt.pop("train_elapsed_s"),
+                "off_clock_s": ckpt.pop("train_off_clock_s", 0.0),
+            },
+        )
     return ckpt
+
+
+def migrate_metric_states(state_dict: dict[str, Any], own: dict[str, Tensor]) -> None:
+    """Sum per-class accuracy counts (`metrics.*.tp` etc., shape (C,)) into the micro counts (1,)
+    a module keeps (`own`: its metric states), in place. Checkpoints from before val/acc became
+    the fraction of images right hold torchmetrics' macro counts; summed over classes they are
+    exactly the micro counts, so a resume goes on. (Top-k > 1 keeps per-class counts.)"""
+    for key, value in list(state_dict.items()):
+        mine = own.get(key)
+        if (
+            mine is not None
+            and isinstance(value, Tensor)
+            and tuple(mine.shape) == (1,)
+            and value.dim() == 1
+            and value.numel() > 1
+        ):
+            state_dict[key] = value.sum().reshape(1).to(mine.dtype)
 
 
 def strip_prefixes(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -82,13 +143,13 @@ def strip_prefixes(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def model_kwargs(ckpt: dict[str, Any]) -> dict[str, Any]:
     """VisionTransformer arguments recorded in a vit-train checkpoint's hyper_parameters."""
-    hp = dict(ckpt.get("hyper_parameters") or {})
-    if "preset" not in hp:
+    network = (ckpt.get("hyper_parameters") or {}).get("network")
+    if not isinstance(network, dict) or "preset" not in network:
         raise ValueError(
-            "the checkpoint has no 'hyper_parameters' with a model preset, so the model shape is "
-            "unknown; build VisionTransformer yourself and call load_weights(model, path)."
+            "the checkpoint has no 'hyper_parameters' with a network preset, so the model shape "
+            "is unknown; build VisionTransformer yourself and call load_weights(model, path)."
         )
-    return model_config(hp.pop("preset"), **{k: v for k, v in hp.items() if k in MODEL_ARGS})
+    return NetworkConfig(**network).model_kwargs()
 
 
 def load_model(

@@ -1,4 +1,5 @@
-"""Entry points: `vit-train` (a LightningCLI) and `vit-evaluate` (checkpoint -> metrics JSON + figure)."""
+"""The commands: `vit-train` (a LightningCLI) and `vit-evaluate` (checkpoint -> metrics JSON +
+figure), reached through vit/entry.py, which switches MKL first; nothing else imports this module."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit import mkl_amd
-from vit.checkpoint import WEIGHTS, WEIGHTS_HELP, load_model, weights_kind
+from vit.checkpoint import WEIGHTS, WEIGHTS_HELP, load_checkpoint, load_model, weights_kind
 from vit.data import CIFAR10DataModule
+from vit.errors import exit_on_user_error
 from vit.evaluate import evaluate_loader
+from vit.hardware import cpu_precision, resolve_device
 from vit.lit_module import ViTClassifier
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,7 @@ class ViTCLI(LightningCLI):
     loggers, and `--test_after_fit` to score the best checkpoint on the test split when fit ends."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.link_arguments("data.image_size", "model.img_size")
+        parser.link_arguments("data.image_size", "model.network.img_size")
         parser.add_argument(
             "--test_after_fit",
             type=bool,
@@ -52,6 +54,19 @@ class ViTCLI(LightningCLI):
         # would fire on every run; parse them as LightningCLI does, without it.
         self.config = parser.parse_args(args)
 
+    def _parse_ckpt_path(self) -> None:
+        """Lightning's step that reads a `--ckpt_path` checkpoint's hyper-parameters into the
+        config, with the file read by vit.checkpoint.load_checkpoint, so that a checkpoint of an
+        older layout (flat options) is migrated to today's first instead of failing to parse."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = dict(load_checkpoint(ckpt_path).get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
@@ -62,49 +77,11 @@ class ViTCLI(LightningCLI):
             config.trainer.precision = cpu_precision(
                 config.trainer.precision, config.trainer.accelerator
             )
-        report_mkl_status()
+        mkl_amd.report(info=rank_zero_info)  # what vit-train's switch did (vit/entry.py)
 
     def after_fit(self) -> None:
         if self.config.fit.test_after_fit and not self.trainer.fast_dev_run:
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
-
-
-def cpu_has_fast_bf16() -> bool:
-    """Whether oneDNN has a bfloat16 path on this CPU: native on AVX512-BF16 / AMX, emulated on
-    plain AVX-512 (not measured here).
-
-    Without one (AVX2 only) PyTorch falls back to a reference kernel: a training step of the cpu60 model ran
-    13x slower in bf16-mixed than in float32 on an AVX2-only CPU (experiments/benchmarks/fp32.md).
-    """
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def cpu_precision(precision: Any, accelerator: Any) -> Any:
-    """The precision to train with: a bf16 one becomes 32-true on a CPU without native bf16."""
-    on_cpu = accelerator == "cpu" or (
-        accelerator == "auto"
-        and not torch.cuda.is_available()
-        and not torch.backends.mps.is_available()
-    )
-    if not (on_cpu and str(precision).startswith("bf16")) or cpu_has_fast_bf16():
-        return precision
-    log.warning(
-        "trainer.precision=%s: this CPU has no native bfloat16 matrix products (no AVX512-BF16 "
-        "or AMX), where bf16 trains ~13x slower than float32; training in 32-true instead. Pass "
-        "--bf16_fallback false to keep %s.",
-        precision,
-        precision,
-    )
-    return "32-true"
-
-
-def report_mkl_status() -> None:
-    """Say what vit.mkl_amd did: a warning where it could not help an AMD CPU, info where on."""
-    status = mkl_amd.status()
-    if status.startswith("not possible"):
-        log.warning("MKL's AVX2 kernels (vit/mkl_amd.py): %s", status)
-    elif status.startswith("on"):
-        rank_zero_info(f"vit.mkl_amd: {status}")
 
 
 def _logger_args(loggers: Any) -> list[Any]:
@@ -192,37 +169,6 @@ def train_main(args: list[str] | None = None) -> None:
     )
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # under DDP: shut down before the interpreter
-
-
-def exit_on_user_error(run: Callable[[], Any]) -> None:
-    """Run a command; a mistake the user can fix prints its message (no traceback) and exits 2."""
-    try:
-        run()
-    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def resolve_device(name: str) -> torch.device:
-    """`--device`: auto (CUDA when visible, else CPU), cpu, cuda or cuda:N, checked here."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N.")
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(f"--device {name}: no CUDA GPU is visible here; use --device cpu.")
-        if device.index is not None and device.index >= count:
-            raise ValueError(
-                f"--device {name}: this machine has {count} CUDA GPU(s), cuda:0 to "
-                f"cuda:{count - 1}."
-            )
-    return device
 
 
 def evaluate_main(argv: list[str] | None = None) -> None:
@@ -333,5 +279,6 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-if __name__ == "__main__":  # python -m vit.cli: the same as vit-train (how DDP relaunches it)
+if __name__ == "__main__":  # python -m vit.cli: vit-train, but torch is loaded before the switch
+    mkl_amd.enable()  # so on an AMD CPU this says to use vit-train or python -m vit.entry instead
     train_main()

@@ -12,6 +12,7 @@ from torchvision.transforms.v2.functional import resize
 
 from vit.checkpoint import WEIGHTS, WEIGHTS_HELP, load_model
 from vit.data import CIFAR10DataModule, decode_image_bytes, preprocess
+from vit.errors import exit_on_user_error
 from vit.maps import attention_maps, patch_grid, query_map, rollout_map
 from vit.model import VisionTransformer
 
@@ -120,8 +121,6 @@ def render(
 
 def visualize_main(argv: list[str] | None = None) -> None:
     """`vit-visualize CHECKPOINT [...]`: see --help."""
-    from vit.cli import exit_on_user_error
-
     exit_on_user_error(lambda: run_visualize(argv))
 
 

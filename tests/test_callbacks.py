@@ -1,0 +1,236 @@
+"""Training behaviour that cuts across the steps (vit/callbacks.py): the wall-clock budget, the
+resolution and patch-drop curricula, and the finite-loss guard."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import quiet_trainer, random_loader, tiny_classifier
+from vit.callbacks import PatchDropSchedule, ResolutionSchedule, TimeBudget
+
+BUDGET_SCHEDULE = {"warmup_epochs": 0.0, "warmup_fraction": 0.1}
+
+
+class FakeClock:
+    """Advances `tick` seconds each time it is read: a deterministic stand-in for wall time."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+class RecordLR(L.Callback):
+    """The learning rate each training step runs with."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def budget(minutes: float = 1.0, tick: float = 1.0) -> TimeBudget:
+    callback = TimeBudget(minutes=minutes)
+    callback.clock = FakeClock(tick)
+    return callback
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path) -> None:
+    module = tiny_classifier()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=2)
+    trainer = quiet_trainer(tmp_path, max_epochs=3, callbacks=[ckpt], enable_checkpointing=True)
+    trainer.fit(module, random_loader())  # 4 steps per epoch, a checkpoint every 2
+    good = (tmp_path / "last.ckpt").read_bytes()
+    before = {k: v.clone() for k, v in module.model.state_dict().items()}
+    bad = torch.randn(16, 3, 32, 32)
+    bad[0, 0, 0, 0] = float("nan")
+    trainer = quiet_trainer(tmp_path, max_epochs=4, callbacks=[ckpt], enable_checkpointing=True)
+    with pytest.raises(FloatingPointError, match=r"loss is nan at step 12 \(epoch 3\)"):
+        trainer.fit(
+            module,
+            DataLoader(TensorDataset(bad, torch.zeros(16, dtype=torch.long)), batch_size=16),
+            ckpt_path=tmp_path / "last.ckpt",
+        )
+    assert (tmp_path / "last.ckpt").read_bytes() == good
+    # stopped before the backward pass: the weights are the resumed ones, not NaN
+    assert all(torch.equal(module.model.state_dict()[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ([[0.1, 16], [0.5, 32]], "must start at 0, rise, and stay below 1"),
+        ([[0, 16], [0, 32]], "must start at 0, rise"),
+        ([[0, 16], [1.0, 32]], "stay below 1"),
+        ([[0]], "must be a list of \\[fraction, side\\]"),
+    ],
+)
+def test_bad_resolution_schedules_fail_clearly(stages: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ResolutionSchedule(stages=stages)
+
+
+def test_resolution_side_must_be_whole_patches(tmp_path) -> None:
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1, callbacks=[ResolutionSchedule(stages=[[0, 12], [0.5, 32]])]
+    )
+    with pytest.raises(ValueError, match="side 12 is not a positive multiple of the patch size 8"):
+        trainer.fit(tiny_classifier(), random_loader(32))
+
+
+def test_resolution_curriculum_trains_on_smaller_images_then_full_size(tmp_path) -> None:
+    module = tiny_classifier(optimizer={"fused": True})
+    seen: list[tuple[bool, int]] = []
+    module.model.patch_embed.register_forward_pre_hook(
+        lambda m, args: seen.append((m.training, args[0].shape[-1]))
+    )
+    curriculum = ResolutionSchedule(stages=[[0, 16], [0.3, 24], [0.6, 32]])
+    trainer = quiet_trainer(tmp_path, max_epochs=3, num_sanity_val_steps=0, callbacks=[curriculum])
+    trainer.fit(module, random_loader(32), random_loader(16))
+    train_sides = [side for training, side in seen if training]
+    # 6 steps: progress 0, 1/6 -> 16; 2/6, 3/6 -> 24; 4/6, 5/6 -> 32
+    assert train_sides == [16, 16, 24, 24, 32, 32]
+    assert {side for training, side in seen if not training} == {32}  # validation: full size
+    assert trainer.optimizers[0].defaults["fused"] is True
+    assert module.train_side is None  # after the fit: nothing left that resizes
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ([[0.2, 0.5]], "must start at 0, rise, and stay below 1"),
+        ([[0, 1.0]], "rate 1.0 must be in \\[0, 1\\)"),
+        ([[0, "half"]], "must be a list of \\[fraction, rate\\]"),
+    ],
+)
+def test_bad_patch_drop_schedules_fail_clearly(stages: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PatchDropSchedule(stages=stages)
+
+
+def test_patch_drop_schedule_and_a_constant_rate_are_not_both_set(tmp_path) -> None:
+    module = tiny_classifier(network={"patch_drop_rate": 0.5})
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1, callbacks=[PatchDropSchedule(stages=[[0, 0.5]])]
+    )
+    with pytest.raises(ValueError, match="patch_drop_rate=0.5 and PatchDropSchedule .* use one"):
+        trainer.fit(module, random_loader(32))
+
+
+def test_patch_drop_schedule_cuts_training_tokens_by_stage_and_never_evaluation(tmp_path) -> None:
+    assert tiny_classifier(network={"patch_drop_rate": 0.25}).model.patch_drop_rate == 0.25
+    module = tiny_classifier()
+    seen: list[tuple[bool, int]] = []
+    module.model.blocks[0].register_forward_pre_hook(
+        lambda m, args: seen.append((m.training, args[0].shape[1]))
+    )
+    drop = PatchDropSchedule(stages=[[0, 0.0], [0.3, 0.5], [0.6, 0.75]])
+    trainer = quiet_trainer(tmp_path, max_epochs=3, num_sanity_val_steps=0, callbacks=[drop])
+    trainer.fit(module, random_loader(32), random_loader(16))
+    # 16 patches + CLS; 6 steps: progress 0, 1/6 -> all; 2/6, 3/6 -> 8 kept; 4/6, 5/6 -> 4 kept
+    assert [n for training, n in seen if training] == [17, 17, 9, 9, 5, 5]
+    assert {n for training, n in seen if not training} == {17}  # validation: every token
+
+
+def test_time_budget_anneals_to_zero_and_stops_when_the_time_is_up(tmp_path) -> None:
+    module = tiny_classifier(schedule=BUDGET_SCHEDULE)
+    clock = budget(tick=1.0)  # each read is a second later: a few seconds per step
+    sides: list[int] = []
+    module.model.patch_embed.register_forward_pre_hook(
+        lambda m, args: sides.append(args[0].shape[-1]) if m.training else None
+    )
+    record = RecordLR()
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=1000,  # an upper bound: the budget ends training
+        num_sanity_val_steps=0,
+        val_check_interval="01:00:00:00",  # only the last validation, the one the stop triggers
+        callbacks=[record, clock, ResolutionSchedule(stages=[[0, 16], [0.5, 32]])],
+    )
+    trainer.fit(module, random_loader(32), random_loader(16))
+    assert trainer.current_epoch < 999 and 10 <= trainer.global_step <= 40
+    assert clock.fraction() == 1.0 and clock.elapsed_s() >= 60.0
+    assert clock.state_dict()["off_clock_s"] == 0.0  # eager: every second is on the clock
+    lrs = record.lrs
+    assert max(lrs) == pytest.approx(1e-3, rel=0.1) and lrs[-1] < 1e-4  # warmed up, annealed
+    assert trainer.optimizers[0].param_groups[0]["lr"] < 1e-6  # at zero when the time is up
+    assert "val/acc" in trainer.callback_metrics  # the stop ran a final validation
+    assert sides[0] == 16 and sides[-1] == 32
+
+
+def test_time_budget_with_linear_decay_steps_the_lr_down_evenly(tmp_path) -> None:
+    module = tiny_classifier(schedule={**BUDGET_SCHEDULE, "decay": "linear"})
+    record = RecordLR()
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=1000,
+        num_sanity_val_steps=0,
+        val_check_interval="01:00:00:00",
+        callbacks=[record, budget(tick=0.5)],  # the same time per step: the same fall per step
+    )
+    trainer.fit(module, random_loader(32), random_loader(16))
+    lrs = record.lrs
+    peak = lrs.index(max(lrs))
+    falls = [a - b for a, b in zip(lrs[peak:-1], lrs[peak + 1 :], strict=True)]
+    assert len(falls) >= 15 and max(lrs) == pytest.approx(1e-3, rel=0.1)
+    assert max(falls) - min(falls) < 0.1 * max(falls)  # a straight line (a cosine's vary 0-2x)
+    assert lrs[-1] < 1.5 * max(falls)  # the last step ran at most one fall above zero
+
+
+def test_time_budget_compiles_do_not_spend_the_warmup(tmp_path, monkeypatch) -> None:
+    """With torch_compile, the first training step and the first validation of a fit (where it
+    compiles: here 20 s and 10 s of a 60 s budget, faked) count toward the budget but not toward
+    the schedule: the warm-up still ramps over the training steps around them."""
+    module = tiny_classifier(
+        schedule={"warmup_epochs": 0.0, "warmup_fraction": 0.3}, torch_compile=True
+    )
+    monkeypatch.setattr(module.model, "compile", lambda **kwargs: None)  # the compile's time: faked
+    monkeypatch.setattr("vit.lit_module.check_cpp_compiler", lambda: None)
+    clock = budget(tick=0.5)
+    compiled: set[bool] = set()
+
+    def compile_once(m, args) -> None:
+        if m.training not in compiled:  # the first training forward, the first eval forward
+            compiled.add(m.training)
+            clock.clock.now += 20.0 if m.training else 10.0
+
+    module.model.register_forward_pre_hook(compile_once)
+    record = RecordLR()
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1000, num_sanity_val_steps=0, callbacks=[record, clock]
+    )
+    trainer.fit(module, random_loader(64), random_loader(16))  # 4 steps, then validation
+    lrs = record.lrs
+    # the warm-up (30% of the ~30 s left) spans the first validation, rising
+    assert lrs[1] < 0.2e-3 and all(a < b for a, b in zip(lrs[1:6], lrs[2:7], strict=True))
+    off_clock = clock.state_dict()["off_clock_s"]
+    assert 30.0 <= off_clock < 34.0
+    assert max(lrs) == pytest.approx(1e-3, rel=0.05) and clock.fraction() == 1.0
+    assert 60.0 <= clock.elapsed_s() < 66.0  # the stop: the whole budget, compiles included
+    assert trainer.optimizers[0].param_groups[0]["lr"] < 1e-5  # and the lr ~zero there
+    saved = clock.state_dict()
+    resumed = TimeBudget(minutes=1.0)
+    resumed.load_state_dict(saved)
+    assert resumed.state_dict() == saved  # a resume keeps the time used and the spans off it
+
+
+def test_time_budget_refuses_validation_every_other_epoch(tmp_path) -> None:
+    module = tiny_classifier(schedule={"warmup_epochs": 0.0, "warmup_fraction": 0.0})
+    trainer = quiet_trainer(tmp_path, max_epochs=5, check_val_every_n_epoch=2, callbacks=[budget()])
+    with pytest.raises(ValueError, match="check_val_every_n_epoch=2 with vit.callbacks.TimeBudget"):
+        trainer.fit(module, random_loader(32), random_loader(16))
+
+
+def test_time_budget_needs_a_warmup_fraction_and_positive_minutes(tmp_path) -> None:
+    trainer = quiet_trainer(tmp_path, max_epochs=5, callbacks=[budget()])
+    with pytest.raises(ValueError, match="set model.schedule.warmup_fraction"):
+        trainer.fit(tiny_classifier(schedule={"warmup_epochs": 2.0}), random_loader(32))
+    with pytest.raises(ValueError, match="minutes=0 must be positive"):
+        TimeBudget(minutes=0)
