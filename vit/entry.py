@@ -36,6 +36,14 @@ def visualize() -> None:
     visualize_main()
 
 
+def explore() -> None:
+    """`vit-explore`: one self-contained HTML page to look inside attention (vit/explore.py)."""
+    switch_mkl()
+    from vit.explore import explore_main
+
+    explore_main()
+
+
 def switch_mkl() -> None:
     """The switch, logged once, for the commands that log plain messages (scripts/benchmark.py
     too); call it before anything imports torch."""

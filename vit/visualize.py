@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from torchvision.transforms.v2.functional import resize
 
-from vit.checkpoint import WEIGHTS, WEIGHTS_HELP, load_model
+from vit.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP, load_model
 from vit.data import CIFAR10DataModule, decode_image_bytes, preprocess
 from vit.errors import exit_on_user_error
 from vit.maps import attention_maps, patch_grid, query_map, rollout_map
@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Write PNGs of attention rollout overlays, per-head CLS maps of one layer, "
         "and a layers x heads grid, for N dataset images or the image files given.",
     )
-    p.add_argument("checkpoint", type=Path, help="a .ckpt written by vit-train")
+    p.add_argument("checkpoint", type=Path, help=CHECKPOINT_HELP)
     p.add_argument(
         "--images",
         type=Path,
@@ -62,12 +62,22 @@ def load_image_files(paths: list[Path], *, size: int) -> Tensor:
     return torch.stack(images)
 
 
-def _dataset_images(ns: argparse.Namespace, ckpt: dict) -> tuple[Tensor, Tensor]:
-    dm = CIFAR10DataModule.from_checkpoint(ckpt, data_dir=ns.data_dir, cache_dir=ns.cache_dir)
-    dm.setup("test" if ns.split == "test" else "validate")
-    data = dm.test_dataset if ns.split == "test" else dm.val_dataset
-    pick = torch.randperm(len(data), generator=torch.Generator().manual_seed(ns.seed))
-    return data.__getitems__(pick[: ns.num_images].tolist())
+def dataset_images(
+    ckpt: dict,
+    *,
+    split: str = "test",
+    num_images: int = 6,
+    seed: int = 0,
+    data_dir: str | None = None,
+    cache_dir: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """`num_images` uint8 images and their labels, drawn by `seed` from the split of the data the
+    checkpoint (or load_model's dict for a .safetensors) was trained with."""
+    dm = CIFAR10DataModule.from_checkpoint(ckpt, data_dir=data_dir, cache_dir=cache_dir)
+    dm.setup("test" if split == "test" else "validate")
+    data = dm.test_dataset if split == "test" else dm.val_dataset
+    pick = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
+    return data.__getitems__(pick[:num_images].tolist())
 
 
 def render(
@@ -124,20 +134,35 @@ def visualize_main(argv: list[str] | None = None) -> None:
     exit_on_user_error(lambda: run_visualize(argv))
 
 
+def model_and_images(
+    ns: argparse.Namespace, checkpoint: str | Path, *, weights: str | None = None
+) -> tuple[VisionTransformer, Tensor, Tensor | None, list[str]]:
+    """A command's model (checkpoint, .safetensors or shipped name) and the images to look at:
+    the user's files (`ns.images`), or a seeded draw from a split of the data it was trained on;
+    with their labels (None for files) and the class names."""
+    model, ckpt = load_model(checkpoint, weights=weights)
+    classes = list((ckpt.get("hyper_parameters") or {}).get("class_names") or [])
+    classes = classes or [str(i) for i in range(model.num_classes)]
+    if ns.images:
+        return model, load_image_files(ns.images, size=model.patch_embed.img_size), None, classes
+    images, labels = dataset_images(
+        ckpt,
+        split=ns.split,
+        num_images=ns.num_images,
+        seed=ns.seed,
+        data_dir=ns.data_dir,
+        cache_dir=ns.cache_dir,
+    )
+    return model, images, labels, classes
+
+
 def run_visualize(argv: list[str] | None = None) -> list[Path]:
     """What `vit-visualize` does; returns the paths of the PNGs it wrote."""
     ns = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if ns.num_images < 1:
         raise ValueError(f"--num-images={ns.num_images} must be at least 1.")
-    model, ckpt = load_model(ns.checkpoint, weights=ns.weights)
-    classes = list((ckpt.get("hyper_parameters") or {}).get("class_names") or [])
-    classes = classes or [str(i) for i in range(model.num_classes)]
-    if ns.images:
-        images, labels = load_image_files(ns.images, size=model.patch_embed.img_size), None
-    else:
-        images, labels = _dataset_images(ns, ckpt)
-    del ckpt
+    model, images, labels, classes = model_and_images(ns, ns.checkpoint, weights=ns.weights)
     figures = render(
         model,
         images,
