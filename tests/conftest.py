@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pathlib
 import signal
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import lightning as L
 import pytest
@@ -195,6 +197,40 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "runs" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
 
 
+class Payload:
+    """Unpickling this creates `marker` (pathlib.Path.touch): stands in for a malicious
+    checkpoint's code, with no harm done if it ever runs."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (pathlib.Path.touch, (self.marker,))
+
+
+def vit_train_checkpoint(
+    path: Path, *, payload: Payload | None = None, zip_format: bool = True
+) -> Path:
+    """A checkpoint shaped as vit-train writes one, of the tiny 3-class classifier (state_dict,
+    hyper_parameters, the data's, loop and callback states); `payload` among the callbacks'."""
+    module = tiny_classifier(network={"num_classes": 3}, class_names=list(TINY_DATA_CLASSES))
+    ckpt = {
+        "epoch": 1,
+        "global_step": 12,
+        "pytorch-lightning_version": L.__version__,
+        "state_dict": module.state_dict(),
+        "hyper_parameters": dict(module.hparams),
+        "datamodule_hyper_parameters": {"source": "folder", "data_dir": str(path.parent)},
+        "callbacks": {"LastCheckpoint": {"every_n_train_steps": 100}},
+        "optimizer_states": [],
+        "lr_schedulers": [],
+    }
+    if payload is not None:
+        ckpt["callbacks"]["EMA"] = payload
+    torch.save(ckpt, path, _use_new_zipfile_serialization=zip_format)
+    return path
+
+
 class KillAtStep(L.Callback):
     """SIGKILL this process once training reaches `step`, as a crash or the OOM killer would."""
 
@@ -204,3 +240,25 @@ class KillAtStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step >= self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_safetensors(
+    model: VisionTransformer, path: Path, *, class_names: list[str], **extra
+) -> Path:
+    """`model` saved as export_safetensors saves a checkpoint's (weights, config, class names),
+    with `extra` metadata such as shipped weights carry (recipe, test_top1, ...)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from vit.checkpoint import SAFETENSORS_FORMAT, config_of
+
+    metadata = {
+        "format": SAFETENSORS_FORMAT,
+        "config": json.dumps(config_of(model)),
+        "class_names": json.dumps(class_names),
+        **extra,
+    }
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path), metadata=metadata)
+    return path

@@ -18,8 +18,16 @@ from vit.attention import (
 
 
 def test_softmax_worked_example() -> None:
-    out = torch.tensor([4.0, -1.0, 2.1]).softmax(dim=0)
-    assert torch.allclose(out, torch.tensor([0.8648, 0.0058, 0.1294]), atol=1e-4)
+    """The tutorials' scores [4.0, -1.0, 2.1] -> weights [0.8648, 0.0058, 0.1294], through our
+    function: with d_k = 4 a query 2 e_0 scores key j as 2 k_j0 / sqrt(4) = k_j0, so a missing or
+    wrong 1/sqrt(d_k), or a softmax over the wrong axis, gives other numbers."""
+    q = torch.tensor([[2.0, 0.0, 0.0, 0.0]])  # (N=1, d_k=4)
+    k = torch.tensor([[4.0, 0.3, -0.7, 1.1], [-1.0, 2.0, 0.5, -0.2], [2.1, -1.5, 0.9, 0.4]])
+    v = torch.eye(3)  # each key's value is its one-hot: the context is the weights themselves
+    ctx, weights = scaled_dot_product_attention(q, k, v)
+    expected = torch.tensor([[0.8648, 0.0058, 0.1294]])
+    assert torch.allclose(weights, expected, atol=1e-4)
+    assert torch.allclose(ctx, expected, atol=1e-4)
 
 
 def test_hello_shiny_sun_context_vector() -> None:
@@ -99,17 +107,52 @@ def test_parity_with_torch_multihead_attention(masked: bool) -> None:
     assert torch.allclose(weights, ref_w, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_equals_explicit(dtype: torch.dtype) -> None:
+def test_fused_equals_explicit() -> None:
     torch.manual_seed(0)
-    fused = Attention(48, num_heads=3, kernel="fused").to(dtype)
-    explicit = Attention(48, num_heads=3, kernel="explicit").to(dtype)
+    fused = Attention(48, num_heads=3, kernel="fused")
+    explicit = Attention(48, num_heads=3, kernel="explicit")
     explicit.load_state_dict(fused.state_dict())
-    x = torch.randn(4, 65, 48, dtype=dtype)
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
-    assert torch.allclose(fused(x), explicit(x), atol=tol)
+    x = torch.randn(4, 65, 48)
+    assert torch.allclose(fused(x), explicit(x), atol=1e-5)
     with_weights, _ = fused.forward_with_weights(x)
-    assert torch.allclose(with_weights, fused(x), atol=tol)
+    assert torch.allclose(with_weights, fused(x), atol=1e-5)
+
+
+def _attention_float64(attn: Attention, x: torch.Tensor, *, scale: bool = True) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d_k)) v and the projections, written out in float64 from attn's
+    weights and x as they are (bf16 values are exact in float64); scale=False drops 1/sqrt(d_k)."""
+    w, b = attn.qkv.weight.double(), attn.qkv.bias.double()
+    qkv = F.linear(x.double(), w, b).unflatten(-1, (3, attn.num_heads, attn.head_dim))
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, N, D)
+    scores = q @ k.transpose(-1, -2) / (attn.head_dim**0.5 if scale else 1.0)
+    ctx = (scores.softmax(dim=-1) @ v).transpose(1, 2).flatten(2)  # (B, N, H * D)
+    return F.linear(ctx, attn.proj.weight.double(), attn.proj.bias.double())
+
+
+@torch.no_grad()
+def test_each_kernel_in_bf16_is_within_rounding_of_float64() -> None:
+    """bf16 keeps 8 significant bits: each rounding of a value is off by at most 2^-9 of it.
+    The qkv product, the scores, the softmax, the context and the output projection round in
+    turn, so each path is held to 4 x 2^-8 of the output's largest entry (measured: about 1x);
+    a computation without 1/sqrt(d_k) misses by over 10x that bound, so the bound can tell."""
+    torch.manual_seed(0)
+    fused = Attention(48, num_heads=3, kernel="fused").to(torch.bfloat16)
+    explicit = Attention(48, num_heads=3, kernel="explicit").to(torch.bfloat16)
+    explicit.load_state_dict(fused.state_dict())
+    x = torch.randn(4, 65, 48, dtype=torch.bfloat16)
+    reference = _attention_float64(fused, x)
+    bound = 4 * 2**-8 * reference.abs().max()
+    outputs = {
+        "fused": fused(x),
+        "explicit": explicit(x),
+        "forward_with_weights": fused.forward_with_weights(x)[0],
+    }
+    for name, out in outputs.items():
+        assert out.dtype == torch.bfloat16
+        error = (out.double() - reference).abs().max()
+        assert error <= bound, (name, error.item(), bound.item())
+    unscaled = (_attention_float64(fused, x, scale=False) - reference).abs().max()
+    assert unscaled > 10 * bound, (unscaled.item(), bound.item())
 
 
 def test_kernel_choice_is_explicit_and_validated() -> None:

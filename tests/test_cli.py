@@ -13,11 +13,49 @@ from PIL import Image
 from tests.conftest import CIFAR_ARCHIVE, REPO, TINY_DATA_CLASSES, train_args
 from vit.checkpoint import load_model
 from vit.cli import ViTCLI, run_evaluate, train_main
-from vit.data import CIFAR10DataModule
+from vit.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, decode_image_bytes
 from vit.lit_module import ViTClassifier
+from vit.optim import MuonAdamW, build_optimizer
 
 
-def test_train_checkpoint_evaluate_end_to_end(image_tree_tgz: Path, tmp_path: Path) -> None:
+def _test_images(root: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """root/test/<class>/<file> as uint8 (N, 3, 32, 32) and labels by sorted class name."""
+    images, labels = [], []
+    for label, name in enumerate(sorted(TINY_DATA_CLASSES)):
+        for file in sorted((root / "test" / name).iterdir()):
+            images.append(decode_image_bytes(file.read_bytes(), name=str(file)))
+            labels.append(label)
+    return torch.stack(images), torch.tensor(labels)
+
+
+@torch.no_grad()
+def _scores(
+    model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, *, flip: bool = False
+) -> dict[str, object]:
+    """top1, per-class accuracy and confusion (rows true, columns predicted), counted by hand."""
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (CIFAR10_MEAN, CIFAR10_STD))
+    x = (images.float() / 255 - mean) / std
+    logits = model.eval()(x)
+    if flip:
+        logits = (logits + model(x.flip(-1))) / 2
+    pred = logits.argmax(dim=-1).tolist()
+    n = len(TINY_DATA_CLASSES)
+    confusion = [[0] * n for _ in range(n)]
+    for true, guess in zip(labels.tolist(), pred, strict=True):
+        confusion[true][guess] += 1
+    return {
+        "top1": sum(confusion[c][c] for c in range(n)) / len(pred),
+        "per_class": {
+            name: confusion[c][c] / sum(confusion[c])
+            for c, name in enumerate(sorted(TINY_DATA_CLASSES))
+        },
+        "confusion_matrix": confusion,
+    }
+
+
+def test_train_checkpoint_evaluate_end_to_end(
+    image_tree: Path, image_tree_tgz: Path, tmp_path: Path
+) -> None:
     runs = tmp_path / "runs"
     train_main(train_args(image_tree_tgz, runs, "--test_after_fit=true"))
     run = runs / "tiny" / "version_0"
@@ -37,16 +75,21 @@ def test_train_checkpoint_evaluate_end_to_end(image_tree_tgz: Path, tmp_path: Pa
 
     result = run_evaluate([str(last), "--output-dir", str(tmp_path / "eval")])
     assert result["num_images"] == 3 * 4
-    assert 0 <= result["top1"] <= 1 and set(result["per_class"]) == set(TINY_DATA_CLASSES)
-    assert sum(map(sum, result["confusion_matrix"])) == 12
+    assert set(result["per_class"]) == set(TINY_DATA_CLASSES)
     saved = json.loads((tmp_path / "eval" / "metrics_test.json").read_text())
-    assert saved["top1"] == result["top1"]
+    # the same figures, recomputed without the evaluate code: the test images read from their
+    # files, normalized, through the plain model, argmax, counted
+    expected = _scores(model, *_test_images(image_tree))
+    assert saved["top1"] == result["top1"] == expected["top1"]
+    assert saved["per_class"] == result["per_class"] == pytest.approx(expected["per_class"])
+    assert saved["confusion_matrix"] == result["confusion_matrix"] == expected["confusion_matrix"]
     with Image.open(tmp_path / "eval" / "confusion_matrix_test.png") as png:
         assert png.format == "PNG" and png.size[0] > 100
     assert result["flip"] is False  # the checkpoint's model.test_flip
     assert result["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device auto
     flipped = run_evaluate([str(last), "--flip", "--output-dir", str(tmp_path / "eval_flip")])
     assert flipped["flip"] is True and flipped["num_images"] == 12
+    assert flipped["top1"] == _scores(model, *_test_images(image_tree), flip=True)["top1"]
 
     # a second run gets its own folder: nothing of the first is overwritten
     train_main(train_args(image_tree_tgz, runs, "--trainer.max_epochs=1"))
@@ -159,6 +202,61 @@ def test_every_experiment_config_parses(config: Path) -> None:
     assert isinstance(cli.model, ViTClassifier)
     assert cli.trainer.max_epochs >= 1
     assert cli.datamodule.hparams.source in ("auto", "folder", "cifar10")
+
+
+# what a recipe gets where its YAML says nothing (OptimizerConfig's and MuonConfig's defaults)
+OPTIMIZER_DEFAULTS = {"name": "adamw", "weight_decay": 0.05, "betas": [0.9, 0.999], "fused": None}
+MUON_DEFAULTS = {
+    "lr_scale": 1.0,
+    "momentum": 0.95,
+    "ns_steps": 5,
+    "split_qkv": False,
+    "patch_embed": False,
+}
+
+
+@pytest.mark.parametrize(
+    "config", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_recipe_s_optimizer_settings_reach_the_optimizer(config: Path) -> None:
+    """Each optimizer setting the YAML writes, read from its text, is found on the groups of the
+    optimizer built from the parsed config: a setting lost on the way fails here."""
+    written = yaml.safe_load(config.read_text())["model"]["optimizer"]
+    want = {**OPTIMIZER_DEFAULTS, **written}
+    muon = {**MUON_DEFAULTS, **(written.get("muon") or {})}
+    cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=["-c", str(config)], run=False)
+    model = cli.model.model
+    optimizer = build_optimizer(model, cli.model.optimizer_config)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = [(g, {names[id(p)] for p in g["params"]}) for g in optimizer.param_groups]
+    assert sum(len(n) for _, n in groups) == len(names)  # every parameter, once
+    matrices = {n for n, p in model.named_parameters() if p.ndim >= 2} - {"cls_token", "pos_embed"}
+    muon_names: set[str] = set()
+    if want["name"] == "muon":
+        assert isinstance(optimizer, MuonAdamW)
+        muon_names = {n for n in matrices if n.startswith("blocks.")}
+        if muon["patch_embed"]:
+            muon_names.add("patch_embed.proj.weight")
+        in_muon = [(g, n) for g, n in groups if g["use_muon"]]
+        assert set().union(*(n for _, n in in_muon)) == muon_names
+        for g, group_names in in_muon:
+            assert g["lr"] == want["lr"] * muon["lr_scale"]
+            assert g["weight_decay"] == want["weight_decay"]
+            assert (g["momentum"], g["ns_steps"]) == (muon["momentum"], muon["ns_steps"])
+            qkv = all(n.endswith("attn.qkv.weight") for n in group_names)
+            assert g["split"] == (3 if muon["split_qkv"] and qkv else 1)
+        groups = [(g, n) for g, n in groups if not g["use_muon"]]
+    else:
+        assert type(optimizer) is torch.optim.AdamW and muon == MUON_DEFAULTS
+        assert all(g["fused"] == want["fused"] for g, _ in groups)
+    decayed, spared = groups  # AdamW's: the other matrices decayed; vectors, CLS, positions not
+    assert (
+        decayed[1] == matrices - muon_names and decayed[0]["weight_decay"] == want["weight_decay"]
+    )
+    assert spared[1] == set(names.values()) - matrices - muon_names
+    assert spared[0]["weight_decay"] == 0.0
+    for g, _ in groups:
+        assert g["lr"] == want["lr"] and list(g["betas"]) == want["betas"]
 
 
 @pytest.mark.slow

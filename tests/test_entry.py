@@ -68,7 +68,9 @@ def test_import_vit_and_vit_model_have_no_side_effects(tmp_path: Path) -> None:
 COMMANDS = """
 import sys
 from vit import entry, mkl_amd
-ARGS = {"train": ["fit", "--help"], "evaluate": ["--help"], "visualize": ["--help"]}
+ARGS = {
+    "train": ["fit", "--help"], "evaluate": ["--help"], "visualize": ["--help"], "explore": ["--help"]
+}
 class Stop(Exception):
     pass
 def stop():
@@ -97,10 +99,12 @@ def test_each_command_switches_mkl_before_torch_loads_and_helps() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [ln for ln in lines if ln.startswith(("SWITCH", "EXIT"))] == [
-        *["SWITCH torch loaded: False"] * 3,
+        *["SWITCH torch loaded: False"] * 4,
         "EXIT train 0",
         "EXIT evaluate 0",
         "EXIT visualize 0",
+        "EXIT explore 0",
     ]
-    for usage in ("usage: vit-train [options] fit", "usage: vit-evaluate", "usage: vit-visualize"):
+    usages = ("vit-train [options] fit", "vit-evaluate", "vit-visualize", "vit-explore")
+    for usage in (f"usage: {u}" for u in usages):
         assert usage in done.stdout, usage

@@ -198,18 +198,23 @@ def flat(module: ViTClassifier) -> torch.Tensor:
 
 
 def test_fused_adamw_makes_the_same_updates_as_the_default(tmp_path) -> None:
-    """AdamW's fused kernel is a speed setting only: three steps land on the same weights (fp32)."""
-    weights = []
-    for fused in (None, True):
+    """AdamW's fused kernel is a speed setting only: three steps land on the same weights (fp32),
+    weight decay included. The decay is made large (5.0: 0.5% of each matrix per step at lr
+    1e-3), so a kernel that dropped it would land over 100x the tolerance away."""
+    weights = {}
+    for fused, decay in ((None, 5.0), (True, 5.0), (True, 0.0)):
         torch.manual_seed(0)
-        module = tiny_classifier(optimizer={"fused": fused}, schedule={"warmup_epochs": 0})
+        module = tiny_classifier(
+            optimizer={"fused": fused, "weight_decay": decay}, schedule={"warmup_epochs": 0}
+        )
         start = flat(module).clone()
         quiet_trainer(tmp_path, max_steps=3, max_epochs=1).fit(module, random_loader(48))
-        weights.append(flat(module))
-        assert (weights[-1] - start).abs().max() > 1e-4  # the three steps moved the weights
+        weights[fused, decay] = flat(module)
+        assert (weights[fused, decay] - start).abs().max() > 1e-4  # the three steps moved them
     # each step moves a weight by up to lr = 1e-3; the two kernels round differently, and Adam
     # magnifies that where a gradient is near zero: agreement to 1% of one step
-    torch.testing.assert_close(weights[1], weights[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(weights[True, 5.0], weights[None, 5.0], atol=1e-5, rtol=0)
+    assert (weights[True, 5.0] - weights[True, 0.0]).abs().max() > 100 * 1e-5  # decay shows
 
 
 def test_gradient_clipping_works_with_fused_adamw_in_bf16(tmp_path) -> None:

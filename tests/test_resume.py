@@ -1,68 +1,156 @@
-"""A run SIGKILLed mid-epoch resumes with --ckpt_path last and ends exactly like an uninterrupted one."""
+"""A run SIGKILLed mid-epoch resumes with --ckpt_path last and ends exactly like an uninterrupted
+one; a failed save leaves the previous last.ckpt; last.ckpt is written by step and epoch."""
 
 from __future__ import annotations
 
 import csv
-import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from tests.conftest import REPO, tiny_classifier, train_args
+from tests.conftest import REPO, tiny_classifier
 from vit.checkpoint import load_checkpoint
 from vit.cli import train_main
 
-EVERY_STEP = (
-    '[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", '
-    '"init_args": {"every_n_train_steps": 1, "save_last": true, "save_top_k": 0}}'
-)
+CPU60 = REPO / "experiments" / "cpu60.yaml"
+# the recipe's model at a test's size: every feature on (SPT, LSA, the 2-D position start,
+# stochastic depth), only the width, depth and patch shrunk
+TINY_NETWORK = dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, num_classes=3)
 
 
-def _args(data: Path, runs: Path, *extra: str) -> list[str]:
-    args = [a for a in train_args(data, runs) if not a.startswith("--trainer.callbacks")]
-    return [
-        *args,
-        "--trainer.max_epochs=3",
-        "--trainer.deterministic=true",
-        "--seed_everything=7",
-        "--model.network.drop_rate=0.1",
-        "--model.network.drop_path_rate=0.1",
-        *extra,
-    ]
-
-
-def _final_val_acc(run: Path) -> list[str]:
-    rows = list(csv.DictReader((run / "metrics.csv").open()))
-    return [r["val/acc"] for r in rows if r.get("val/acc")]
-
-
-def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(make_image_tree, tmp_path) -> None:
-    data = make_image_tree(tmp_path / "data", train_per_class=30)  # 84 train images: 10 steps/epoch
-    train_main(_args(data, tmp_path / "a", f"--trainer.callbacks={EVERY_STEP}]"))
-
-    killer = (
-        EVERY_STEP + ', {"class_path": "tests.conftest.KillAtStep", "init_args": {"step": 14}}]'
+def recipe_config(
+    tmp_path: Path, data: Path, runs: Path, *, budget: float | None = None, kill: int | None = None
+) -> Path:
+    """cpu60.yaml as users run it (Muon with the patch projection, EMA, SPT, LSA, the resolution
+    and patch-drop schedules, LastCheckpoint) at a tiny size, on a step budget unless `budget`
+    (minutes) keeps its TimeBudget; `kill`: SIGKILL the process at that step."""
+    config = yaml.safe_load(CPU60.read_text())
+    trainer, callbacks = config["trainer"], []
+    for callback in trainer["callbacks"]:
+        name = callback["class_path"].rsplit(".", 1)[-1]
+        if name == "ModelCheckpoint" or (name == "TimeBudget" and budget is None):
+            continue
+        args = callback.setdefault("init_args", {})
+        if name == "LastCheckpoint":
+            args["every_n_train_steps"] = 1
+        elif name == "ResolutionSchedule":
+            args["stages"] = [[0, 16], [0.5, 32]]  # whole patches of 8
+        elif name == "TimeBudget":
+            args["minutes"] = budget
+        callbacks.append(callback)
+    if kill is not None:
+        callbacks.append({"class_path": "tests.conftest.KillAtStep", "init_args": {"step": kill}})
+    trainer.update(
+        callbacks=callbacks,
+        max_epochs=3,
+        precision="32-true",  # bitwise comparisons: no bf16 kernels that may choose per run
+        deterministic=True,
+        val_check_interval=1.0,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
     )
-    code = f"from vit.cli import train_main; train_main({json.dumps(_args(data, tmp_path / 'b'))} + [{json.dumps('--trainer.callbacks=' + killer)}])"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == -9, proc.stderr[-2000:]  # killed, not finished
-    last = tmp_path / "b" / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    for logger in trainer["logger"]:
+        logger["init_args"] = {"save_dir": str(runs), "name": "recipe"}
+    config["model"]["network"].update(TINY_NETWORK)
+    config["data"] = dict(
+        data_dir=str(data), cache_dir=str(tmp_path / "cache"), batch_size=8, val_size=6, seed=0
+    )
+    config["test_after_fit"] = False
+    path = tmp_path / f"recipe-{runs.name}-{kill}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run_killed(config: Path) -> None:
+    """vit-train fit -c config in a child process, which SIGKILLs itself (KillAtStep)."""
+    code = f"from vit.cli import train_main; train_main(['fit', '-c', {str(config)!r}])"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # tests.conftest.KillAtStep, by class path
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == -9, proc.stderr[-3000:]  # killed, not finished
+
+
+def logged(run: Path) -> dict[tuple[str, str], str]:
+    """Every value metrics.csv holds, by (step, metric)."""
+    rows = csv.DictReader((run / "metrics.csv").open())
+    return {
+        (r["step"], k): v for r in rows for k, v in r.items() if v and k not in ("step", "epoch")
+    }
+
+
+def test_recipe_killed_mid_epoch_resumes_bitwise(make_image_tree, tmp_path) -> None:
+    """SIGKILL in the middle of an epoch of the recipe's configuration, then --ckpt_path last:
+    the live and averaged weights, the optimizer state and the logged metrics end bitwise as in a
+    run never interrupted."""
+    data = make_image_tree(tmp_path / "data", train_per_class=30)  # 84 train images: 10 steps/epoch
+    train_main(["fit", "-c", str(recipe_config(tmp_path, data, tmp_path / "a"))])
+    run_killed(recipe_config(tmp_path, data, tmp_path / "b", kill=14))
+    last = tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt"
     killed_at = load_checkpoint(last)["global_step"]
     assert killed_at == 13 and killed_at % 10 != 0  # mid-epoch (epoch 1, batch 4)
+    resume = recipe_config(tmp_path, data, tmp_path / "b")
+    train_main(["fit", "-c", str(resume), "--ckpt_path=last"])
 
-    train_main(
-        _args(data, tmp_path / "b", f"--trainer.callbacks={EVERY_STEP}]", "--ckpt_path=last")
-    )
-    a = load_checkpoint(tmp_path / "a" / "tiny" / "version_0" / "checkpoints" / "last.ckpt")
+    a = load_checkpoint(tmp_path / "a" / "recipe" / "version_0" / "checkpoints" / "last.ckpt")
     b = load_checkpoint(last)  # the resumed run kept writing into its own folder
     assert a["global_step"] == b["global_step"] == 30
-    for key, value in a["state_dict"].items():
-        assert torch.equal(value, b["state_dict"][key]), key
-    run_a, run_b = tmp_path / "a" / "tiny" / "version_0", tmp_path / "b" / "tiny" / "version_0"
-    assert _final_val_acc(run_a)[-1] == _final_val_acc(run_b)[-1]
+    for key in ("state_dict", "current_model_state"):  # the EMA average, and the live weights
+        assert a[key].keys() == b[key].keys()
+        for name, value in a[key].items():
+            assert torch.equal(value, b[key][name]), (key, name)
+    assert a["hyper_parameters"]["optimizer"]["name"] == "muon"
+    state_a, state_b = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert state_a.keys() == state_b.keys() and len(state_a) > 0
+    for index, buffers in state_a.items():
+        for name, value in buffers.items():
+            assert torch.equal(value, state_b[index][name]), (index, name)
+    run_a, run_b = (tmp_path / x / "recipe" / "version_0" for x in ("a", "b"))
+    logged_a, logged_b = logged(run_a), logged(run_b)
+    after_kill = {k: v for k, v in logged_a.items() if int(k[0]) >= killed_at}
+    differ = {k: (v, logged_b.get(k)) for k, v in after_kill.items() if logged_b.get(k) != v}
+    assert after_kill and not differ
+    assert any(metric == "val/acc" for _, metric in after_kill)
+
+
+def test_budget_run_resumes_with_the_time_used_and_its_schedule_goes_on(
+    make_image_tree, tmp_path, monkeypatch
+) -> None:
+    """A wall-clock-budget run killed mid-epoch resumes with the time it had used restored, and
+    its learning rate goes on from there instead of warming up again."""
+    from vit.callbacks import TimeBudget
+
+    data = make_image_tree(tmp_path / "data", train_per_class=30)
+    # a long warm-up over a minute: the lr rises with the time used, so a clock started again
+    # from zero would show as an lr far below the one the killed run had reached
+    run_killed(recipe_config(tmp_path, data, tmp_path / "b", budget=1.0, kill=14))
+    last = tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = load_checkpoint(last)["callbacks"]["TimeBudget"]
+    assert saved["elapsed_s"] > 0
+    lr_before = load_checkpoint(last)["optimizer_states"][0]["param_groups"][-1]["lr"]
+    restored: list[float] = []
+    first_lr: list[float] = []
+
+    class Watch(TimeBudget):
+        def on_train_start(self, trainer, pl_module) -> None:
+            restored.append(self.elapsed_s())  # before the clock starts: what was loaded
+            super().on_train_start(trainer, pl_module)
+
+        def on_train_batch_start(self, trainer, *args) -> None:
+            super().on_train_batch_start(trainer, *args)
+            if not first_lr:
+                first_lr.append(trainer.optimizers[0].param_groups[-1]["lr"])
+
+    monkeypatch.setattr("vit.callbacks.TimeBudget", Watch)
+    config = recipe_config(tmp_path, data, tmp_path / "b", budget=1.0)
+    train_main(["fit", "-c", str(config), "--ckpt_path=last", "--trainer.max_steps=16"])
+    assert restored == [saved["elapsed_s"]]
+    assert first_lr[0] >= lr_before > 0  # still warming up, from where it was
 
 
 def test_disk_full_during_a_save_leaves_the_previous_last_checkpoint(image_tree, tmp_path) -> None:

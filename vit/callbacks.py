@@ -161,6 +161,10 @@ class TimeBudget(L.Callback):
         self._first_val_pending = False
         self._step: int | None = None  # the global step `progress` was read at
 
+    @property
+    def state_key(self) -> str:
+        return "TimeBudget"  # one key for subclasses too, and for migrated checkpoints
+
     def elapsed_s(self) -> float:
         """Wall-clock seconds of training so far (validation included), across resumes."""
         return self._elapsed_before if self._start is None else self.clock() - self._start

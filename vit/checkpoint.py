@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from vit.config import NetworkConfig
 from vit.embed import resize_pos_embed
 from vit.model import VisionTransformer
+from vit.pretrained import available, resolve
 
 PREFIXES = ("model.", "module.", "_orig_mod.")  # Lightning, DDP, torch.compile
 MODEL_ARGS = set(inspect.signature(VisionTransformer.__init__).parameters) - {"self"}
@@ -29,6 +30,10 @@ WEIGHTS = ("average", "live")  # which weights of a checkpoint trained with vit.
 WEIGHTS_HELP = (
     "for a checkpoint trained with vit.callbacks.EMA: use its averaged weights (the default) or "
     "the live weights trained beside them"
+)
+CHECKPOINT_HELP = (
+    "a .ckpt written by vit-train, a .safetensors from export_safetensors, or the name of "
+    "shipped weights: " + available()
 )
 _SHOWN = 6  # list at most this many problems of each kind in an error message
 
@@ -157,12 +162,24 @@ def load_model(
 ) -> tuple[VisionTransformer, dict[str, Any]]:
     """A plain VisionTransformer in eval mode (no Lightning needed), and the checkpoint dict.
 
-    `weights` picks which weights of a checkpoint trained with vit.callbacks.EMA load: "average"
-    (its `state_dict`) or "live" (the trained weights themselves); None loads `state_dict`,
-    whichever that holds. `overrides` replace constructor arguments; `img_size=48` loads a 32x32
-    model at 48x48, with the learned position table resized on the patch grid.
+    `path`: a vit-train .ckpt, a .safetensors from export_safetensors, or the name of shipped
+    weights (vit/pretrained.py). For a .safetensors the dict is shaped like the parts of a
+    checkpoint the commands read (safetensors_info). `weights` picks which weights of a
+    checkpoint trained with vit.callbacks.EMA load: "average" (its `state_dict`) or "live" (the
+    trained weights themselves); None loads `state_dict`, whichever that holds. `overrides`
+    replace constructor arguments; `img_size=48` loads a 32x32 model at 48x48, with the learned
+    position table resized on the patch grid.
     """
     _check_overrides(overrides)
+    path = resolve(path)
+    if path.suffix == ".safetensors":
+        if weights is not None:
+            raise ValueError(
+                f"{str(path)!r} holds one set of plain weights ({weights!r} asked for); leave "
+                f"out the weights choice for a .safetensors file."
+            )
+        model, metadata = _safetensors_model(path, overrides)
+        return model, safetensors_info(metadata)
     ckpt = load_checkpoint(path)
     try:
         kwargs = model_kwargs(ckpt)
@@ -174,9 +191,29 @@ def load_model(
     return model.eval(), ckpt
 
 
+def safetensors_info(metadata: dict[str, str]) -> dict[str, Any]:
+    """What load_model returns beside a .safetensors model, in a checkpoint's shape, so the
+    commands read both alike: `hyper_parameters` (class_names, test_flip off),
+    `datamodule_hyper_parameters` (the image size it was trained at; every other data setting
+    takes CIFAR10DataModule's default) and `safetensors_metadata` (the file's metadata as is)."""
+    names = metadata.get("class_names")
+    return {
+        "hyper_parameters": {
+            "class_names": json.loads(names) if names else None,
+            "test_flip": False,
+        },
+        "datamodule_hyper_parameters": {"image_size": json.loads(metadata["config"])["img_size"]},
+        "safetensors_metadata": dict(metadata),
+    }
+
+
 def weights_kind(ckpt: dict[str, Any]) -> str:
     """What a checkpoint's `state_dict` holds: "average" when trained with an EMA (Lightning's
-    WeightAveraging keeps the live weights apart, as `current_model_state`), else "live"."""
+    WeightAveraging keeps the live weights apart, as `current_model_state`), else "live"; for a
+    .safetensors (load_model's dict), what export_safetensors recorded."""
+    recorded = (ckpt.get("safetensors_metadata") or {}).get("weights")
+    if recorded in WEIGHTS:
+        return recorded
     return "average" if isinstance(ckpt.get("current_model_state"), dict) else "live"
 
 
@@ -272,23 +309,38 @@ def mlp_ratio_of(dim: int, hidden: int) -> float:
     return ratio if int(dim * ratio) == hidden else (hidden + 0.5) / dim  # float rounding
 
 
-def export_safetensors(ckpt_path: str | Path, out_path: str | Path) -> Path:
+def export_safetensors(
+    ckpt_path: str | Path, out_path: str | Path, *, metadata: dict[str, str] | None = None
+) -> Path:
     """Write a checkpoint's model weights as safetensors, with the model config as metadata.
 
-    Metadata (str -> str): `format`, `config` (JSON constructor arguments) and, when the
-    checkpoint records them, `class_names` (JSON list). Read back with load_safetensors.
+    Metadata (str -> str): `format`, `config` (JSON constructor arguments), `weights` (average or
+    live) and, when the checkpoint records them, `class_names` (JSON list); `metadata` adds keys
+    of your own (how the weights were made: recipe, test_top1, ...). Read back with
+    load_safetensors or load_model.
     """
     from safetensors.torch import save_file
 
     model, ckpt = load_model(ckpt_path)
-    metadata = {"format": SAFETENSORS_FORMAT, "config": json.dumps(model_kwargs(ckpt))}
+    ours = {
+        "format": SAFETENSORS_FORMAT,
+        "config": json.dumps(model_kwargs(ckpt)),
+        "weights": weights_kind(ckpt),
+    }
     class_names = (ckpt.get("hyper_parameters") or {}).get("class_names")
     if class_names is not None:
-        metadata["class_names"] = json.dumps(list(class_names))
+        ours["class_names"] = json.dumps(list(class_names))
+    extra = dict(metadata or {})
+    bad = sorted(k for k, v in extra.items() if k in ours or not isinstance(v, str))
+    if bad:
+        raise ValueError(
+            f"metadata keys {bad}: each must be a str -> str entry other than the ones written "
+            f"here ({sorted(ours)}); convert values with str() or json.dumps."
+        )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out_path), metadata=metadata)
+    save_file(state, str(out_path), metadata={**extra, **ours})
     return out_path
 
 
@@ -298,6 +350,13 @@ def load_safetensors(path: str | Path, **overrides: Any) -> VisionTransformer:
     `overrides` replace constructor arguments, as in load_model (e.g. `img_size=48`).
     """
     _check_overrides(overrides)
+    return _safetensors_model(path, overrides)[0]
+
+
+def _safetensors_model(
+    path: str | Path, overrides: dict[str, Any]
+) -> tuple[VisionTransformer, dict[str, str]]:
+    """The model of an export_safetensors file (eval mode), and the file's metadata."""
     state, metadata = _read_safetensors(path)
     if metadata.get("format") != SAFETENSORS_FORMAT or "config" not in metadata:
         raise ValueError(
@@ -307,7 +366,7 @@ def load_safetensors(path: str | Path, **overrides: Any) -> VisionTransformer:
         )
     model = VisionTransformer(**{**json.loads(metadata["config"]), **overrides})
     fit_state_dict(model, state, source=str(path))
-    return model.eval()
+    return model.eval(), metadata
 
 
 def _read_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:

@@ -16,12 +16,20 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit import mkl_amd
-from vit.checkpoint import WEIGHTS, WEIGHTS_HELP, load_checkpoint, load_model, weights_kind
+from vit.checkpoint import (
+    CHECKPOINT_HELP,
+    WEIGHTS,
+    WEIGHTS_HELP,
+    load_checkpoint,
+    load_model,
+    weights_kind,
+)
 from vit.data import CIFAR10DataModule
 from vit.errors import exit_on_user_error
 from vit.evaluate import evaluate_loader
 from vit.hardware import cpu_precision, resolve_device
 from vit.lit_module import ViTClassifier
+from vit.pretrained import PRETRAINED
 
 log = logging.getLogger(__name__)
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -71,6 +79,15 @@ class ViTCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             config.ckpt_path = resume_latest_run(config.trainer.logger)
+            load_checkpoint(config.ckpt_path)  # a file that could run code: refused, clearly
+        if "weights_only" in config:  # Lightning's own load of --ckpt_path: weights-only too
+            if config.weights_only is False:
+                raise ValueError(
+                    "--weights_only false would let a checkpoint run code as it loads; vit-train "
+                    "reads checkpoints weights-only. Drop the flag; for a trusted file holding "
+                    "Python objects, re-save it as vit.checkpoint.load_checkpoint's error says."
+                )
+            config.weights_only = True  # None: remote paths would load with pickle's full power
         share_logger_version(config.trainer.logger)
         check_writable(config.trainer.logger)
         if config.bf16_fallback:
@@ -176,6 +193,16 @@ def evaluate_main(argv: list[str] | None = None) -> None:
     exit_on_user_error(lambda: run_evaluate(argv))
 
 
+def default_eval_dir(checkpoint: Path) -> Path:
+    """eval/ beside a run's checkpoints/ folder, or beside a .safetensors; eval/NAME in the working
+    folder for shipped weights, which live inside the installed package."""
+    if str(checkpoint) in PRETRAINED:
+        return Path("eval") / str(checkpoint)
+    if checkpoint.suffix == ".safetensors":
+        return checkpoint.parent / "eval"
+    return checkpoint.parent.parent / "eval"
+
+
 def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     """What `vit-evaluate` does; returns the metrics it printed and wrote."""
     parser = argparse.ArgumentParser(
@@ -183,7 +210,7 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         description="Top-1, top-5 and per-class accuracy of a checkpoint, written as JSON, with a "
         "confusion-matrix PNG.",
     )
-    parser.add_argument("checkpoint", type=Path, help="a .ckpt written by vit-train")
+    parser.add_argument("checkpoint", type=Path, help=CHECKPOINT_HELP)
     parser.add_argument("--split", choices=("test", "val"), default="test")
     parser.add_argument(
         "--source",
@@ -221,8 +248,8 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         "--output-dir",
         type=Path,
         default=None,
-        help="where metrics.json and confusion_matrix.png go "
-        "(default: an eval/ folder beside the checkpoint)",
+        help="where metrics.json and confusion_matrix.png go (default: an eval/ folder beside "
+        "the checkpoint; eval/NAME for shipped weights)",
     )
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -262,7 +289,7 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         data=dict(dm.hparams),
     )
 
-    out = ns.output_dir or ns.checkpoint.parent.parent / "eval"
+    out = ns.output_dir or default_eval_dir(ns.checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     from vit.plots import plot_confusion_matrix, save_figure  # matplotlib only for figures
 

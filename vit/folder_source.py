@@ -5,7 +5,8 @@ The tree is `train/<class>/<image>` and `test/<class>/<image>`, either a folder 
 from their members in memory, never unpacked to disk. Both splits are decoded once into
 `<cache_dir>/<name>-<size>px-<key>/{train,test}.pt` (dicts of images, labels, classes), where the
 key hashes the resolved path, the image size and the source's size and mtime (every file's, for a
-folder), so a changed source is decoded afresh. Torch, torchvision and PIL only.
+folder), so a changed source is decoded afresh. A cache file damaged behind our back (truncated,
+overwritten, or of another layout) is decoded afresh too. Torch, torchvision and PIL only.
 """
 
 from __future__ import annotations
@@ -248,7 +249,55 @@ def load_folder_source(
     cache_dir: str | Path | None = None,
     mmap: bool = False,
 ) -> Loaded:
-    """One split of a folder/tar source as (images, labels, classes), decoding it on first use."""
-    entry = prepare_folder_source(data_dir, image_size=image_size, cache_dir=cache_dir)
-    blob = torch.load(entry / f"{split}.pt", weights_only=True, mmap=mmap)
-    return blob["images"], blob["labels"], list(blob["classes"])
+    """One split of a folder/tar source as (images, labels, classes), decoding it on first use,
+    and again where the cache file is damaged (one warning says so)."""
+    source = _resolve_source(data_dir)
+    path = prepare_folder_source(source, image_size=image_size, cache_dir=cache_dir) / f"{split}.pt"
+    try:
+        return _read_cache_file(path, image_size=image_size, mmap=mmap)
+    except _DamagedCache as damage:
+        logger.warning("cache file %s is damaged (%s); decoding %s again", path, damage, source)
+        path.unlink(missing_ok=True)  # prepare_folder_source decodes an incomplete entry afresh
+        try:
+            entry = prepare_folder_source(source, image_size=image_size, cache_dir=cache_dir)
+            return _read_cache_file(entry / f"{split}.pt", image_size=image_size, mmap=mmap)
+        except (ValueError, OSError, _DamagedCache) as err:
+            gone = "is gone" if not source.exists() else "cannot be decoded"
+            raise ValueError(
+                f"cache file {path} is damaged ({damage}) and its source {source} {gone} "
+                f"({err}); restore the source at {source}, or point data_dir at a copy of it."
+            ) from None
+
+
+class _DamagedCache(Exception):
+    """A cache file that cannot be read, or holds something other than what we write."""
+
+
+def _read_cache_file(path: Path, *, image_size: int, mmap: bool) -> Loaded:
+    """A split's cache file, checked to be what prepare_folder_source writes: a dict of uint8
+    images (N, 3, size, size), int64 labels (N,) into a list of class names."""
+    try:
+        blob = torch.load(path, weights_only=True, mmap=mmap)
+    except Exception as err:  # torch raises many types on damaged files (Runtime, Unpickling, EOF)
+        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise _DamagedCache(f"{type(err).__name__}: {message}"[:200]) from None
+    if not isinstance(blob, dict) or set(blob) != {"images", "labels", "classes"}:
+        keys = sorted(blob) if isinstance(blob, dict) else type(blob).__name__
+        raise _DamagedCache(f"not this version's layout: {keys}")
+    images, labels, classes = blob["images"], blob["labels"], blob["classes"]
+    size = (3, image_size, image_size)
+    if not (
+        isinstance(images, Tensor)
+        and images.dtype == torch.uint8
+        and images.dim() == 4
+        and tuple(images.shape[1:]) == size
+        and isinstance(labels, Tensor)
+        and labels.dtype == torch.int64
+        and labels.shape == images.shape[:1]
+        and isinstance(classes, list)
+        and classes
+        and all(isinstance(c, str) for c in classes)
+        and (labels.numel() == 0 or 0 <= labels.min() <= labels.max() < len(classes))
+    ):
+        raise _DamagedCache(f"not the images, labels and classes of {image_size}px images")
+    return images, labels, list(classes)

@@ -84,6 +84,10 @@ class ViTClassifier(L.LightningModule):
             )
         self.model = net.build()
         self.train_side: int | None = None  # set by vit.callbacks.ResolutionSchedule
+        # the epoch's mean training loss, kept here (not in Lightning's logger state) so that a
+        # checkpoint saved mid-epoch holds it and a resumed epoch logs the same mean
+        self.register_buffer("train_loss_sum", torch.zeros(()), persistent=False)
+        self.register_buffer("train_loss_count", torch.zeros(()), persistent=False)
         # One metric object per stage and k, so that states never mix (Lightning's advice).
         # average="micro": the fraction of images right, as vit-evaluate and timm report it
         # (torchmetrics' default, "macro", is the mean of the per-class accuracies).
@@ -183,11 +187,12 @@ class ViTClassifier(L.LightningModule):
             logits = self(images).float()
         smoothing = hp.label_smoothing if stage == "train" else 0.0
         loss = F.cross_entropy(logits, targets, label_smoothing=smoothing)
-        on_step = stage == "train"
-        self.log(
-            f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True,
-            sync_dist=stage != "train",
-        )  # fmt: skip
+        if stage == "train":
+            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
+            self.train_loss_sum += loss.detach() * labels.shape[0]
+            self.train_loss_count += labels.shape[0]
+        else:
+            self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=True, sync_dist=True)
         for k in self.top_ks:
             metric = self.metrics[f"{stage}_acc{k}"]
             metric(logits, labels)
@@ -203,6 +208,14 @@ class ViTClassifier(L.LightningModule):
         self.log("train/lr", lr, on_step=True, on_epoch=False)
         return loss
 
+    def on_train_epoch_end(self) -> None:
+        if self.train_loss_count > 0:
+            mean = self.train_loss_sum / self.train_loss_count
+            self.log("train/loss_epoch", mean)
+            self.log("train/loss", mean, logger=False)  # the name callbacks monitor, as before
+        self.train_loss_sum.zero_()
+        self.train_loss_count.zero_()
+
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, "val")
 
@@ -216,6 +229,7 @@ class ViTClassifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the global RNG state (dropout, drop-path) so that a resumed run draws alike."""
         checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
+        checkpoint["train_loss_sum"] = [self.train_loss_sum.cpu(), self.train_loss_count.cpu()]
         if torch.cuda.is_available():
             checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
 
@@ -229,6 +243,10 @@ class ViTClassifier(L.LightningModule):
         for key in ("state_dict", "current_model_state"):  # the latter: the EMA's live weights
             if isinstance(checkpoint.get(key), dict):
                 migrate_metric_states(checkpoint[key], own)
+        if "train_loss_sum" in checkpoint:  # the epoch's loss so far, for a mid-epoch resume
+            total, count = checkpoint["train_loss_sum"]
+            self.train_loss_sum.copy_(total)
+            self.train_loss_count.copy_(count)
         state = checkpoint.get("rng_state") or {}
         if "torch" in state:
             torch.set_rng_state(state["torch"])
