@@ -197,7 +197,8 @@ def test_missing_checkpoint_and_data_are_reported(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "config", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name
 )
-def test_every_experiment_config_parses(config: Path) -> None:
+def test_every_experiment_config_parses(config: Path, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the run folders it checks are writable go there
     cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=["-c", str(config)], run=False)
     assert isinstance(cli.model, ViTClassifier)
     assert cli.trainer.max_epochs >= 1
@@ -218,9 +219,12 @@ MUON_DEFAULTS = {
 @pytest.mark.parametrize(
     "config", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name
 )
-def test_every_recipe_s_optimizer_settings_reach_the_optimizer(config: Path) -> None:
+def test_every_recipe_s_optimizer_settings_reach_the_optimizer(
+    config: Path, tmp_path, monkeypatch
+) -> None:
     """Each optimizer setting the YAML writes, read from its text, is found on the groups of the
     optimizer built from the parsed config: a setting lost on the way fails here."""
+    monkeypatch.chdir(tmp_path)
     written = yaml.safe_load(config.read_text())["model"]["optimizer"]
     want = {**OPTIMIZER_DEFAULTS, **written}
     muon = {**MUON_DEFAULTS, **(written.get("muon") or {})}
