@@ -236,12 +236,17 @@ class TimeBudget(L.Callback):
         self._off_clock_s = float(state_dict.get("off_clock_s", 0.0))
 
 
+def time_budget(trainer: L.Trainer) -> TimeBudget | None:
+    """The fit's TimeBudget callback, if it has one."""
+    return next((c for c in trainer.callbacks if isinstance(c, TimeBudget)), None)
+
+
 def fit_progress(trainer: L.Trainer) -> float:
     """The fraction of training done, in [0, 1]: of the TimeBudget when the fit has one, else of
     the planned optimizer steps."""
-    for callback in trainer.callbacks:
-        if isinstance(callback, TimeBudget):
-            return callback.update(trainer)
+    budget = time_budget(trainer)
+    if budget is not None:
+        return budget.update(trainer)
     return min(1.0, trainer.global_step / max(1, int(trainer.estimated_stepping_batches)))
 
 

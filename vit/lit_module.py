@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.augment import check_mix_args, mix_batch
-from vit.callbacks import FiniteLoss, TimeBudget
+from vit.callbacks import FiniteLoss, time_budget
 from vit.checkpoint import load_checkpoint, migrate_checkpoint, migrate_metric_states
 from vit.config import NetworkConfig
 from vit.evaluate import flip_averaged_logits
@@ -264,7 +264,7 @@ class ViTClassifier(L.LightningModule):
                 "set trainer.max_epochs: the learning-rate schedule ends with it (with "
                 "vit.callbacks.TimeBudget it is an upper bound)."
             )
-        budget = next((c for c in self.trainer.callbacks if isinstance(c, TimeBudget)), None)
+        budget = time_budget(self.trainer)
         scheduler = lr_scheduler(
             optimizer,
             self.schedule_config,
