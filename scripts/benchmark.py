@@ -11,7 +11,7 @@ rounds is reported, so a slow moment of the machine hits every model alike. Peak
 growth of the process's peak RSS over two training steps, measured in a fresh subprocess per model
 (on a GPU: the growth of the allocator's peak). The data pipeline (decoded uint8 tensors, batched
 crop + flip, normalisation) is timed alone on one thread (on a GPU: loading on one thread,
-augmentation on the GPU, as in training). Results go to experiments/benchmarks/ as JSON and
+augmentation on the GPU, as in training). Results go to experiments/record/benchmarks/ as JSON and
 Markdown.
 """
 
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vit import mkl_amd
-from vit.entry import switch_mkl
+from vit.commands.entry import switch_mkl
+from vit.system import mkl_amd
 
 if __name__ == "__main__":  # a command: MKL's AVX2 kernels on AMD CPUs, before torch loads
     switch_mkl()
@@ -37,11 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.hardware import cpu_has_fast_bf16, resolve_device
-from vit.model import VisionTransformer
+from vit.model.vision_transformer import VisionTransformer
+from vit.system.hardware import cpu_has_fast_bf16, resolve_device
 
 REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "experiments" / "benchmarks"
+OUT = REPO / "experiments" / "record" / "benchmarks"
 NUM_CLASSES, IMG, PATCH = 10, 32, 4
 
 
@@ -92,7 +92,7 @@ PRECISIONS = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}
 
 def precisions(force_bf16: bool = False) -> tuple[str, ...]:
     """The precisions to time: bf16-mixed only where this CPU multiplies bf16 natively (elsewhere
-    it trains ~13x slower than float32, experiments/benchmarks/fp32.md), unless forced."""
+    it trains ~13x slower than float32, experiments/record/benchmarks/fp32.md), unless forced."""
     return tuple(PRECISIONS) if force_bf16 or cpu_has_fast_bf16() else ("32-true",)
 
 
@@ -285,8 +285,8 @@ def bench_data(
     on a GPU the batches are augmented there after the transfer, as in training.
 
     `trivial` adds TrivialAugment (per image, the full-length recipe's setting)."""
-    from vit.augment import TrainAugment
-    from vit.data import TensorImageDataset, collate_batch, preprocess
+    from vit.data.augment import TrainAugment
+    from vit.data.datasets import TensorImageDataset, collate_batch, preprocess
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -482,7 +482,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="batch 128, width 192, fewer rounds")
     p.add_argument("--rounds", type=int, default=None)
-    p.add_argument("--name", default="cpu", help="output file stem under experiments/benchmarks")
+    p.add_argument(
+        "--name", default="cpu", help="output file stem under experiments/record/benchmarks"
+    )
     p.add_argument("--no-memory", dest="memory", action="store_false")
     p.add_argument(
         "--memory-only",

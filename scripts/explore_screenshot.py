@@ -1,4 +1,4 @@
-"""Screenshot a vit-explore page in the system's headless Chromium (vit/browser.py).
+"""Screenshot a vit-explore page in the system's headless Chromium (tests/browser.py).
 
     vit-explore vit-tiny-d4-cifar10-cpu60 --output explorer.html
     python scripts/explore_screenshot.py explorer.html docs/explorer.png \
@@ -8,10 +8,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from vit.browser import screenshot
-from vit.errors import exit_on_user_error
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the browser helper lives in tests/
+from tests.browser import screenshot  # noqa: E402
+from vit.system.errors import exit_on_user_error  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,9 +9,9 @@ Beside the picture it writes the points it plotted (curve.csv: run, step, minute
 later runs can be compared with these after the run folders are gone:
 
 python scripts/plot_curve.py runs/cpu60/version_0 --labels "today's run" \
-    --from-csv experiments/results/2026-11-25-avx512bf16-depth4-curve/curve.csv \
+    --from-csv experiments/record/results/2026-11-25-avx512bf16-depth4-curve/curve.csv \
     --only "cpu60.yaml (depth 4), seed 0" --rename "cpu60.yaml (depth 4), seed 0" "the recipe, seed 0" \
-    --out experiments/results/today/curve.png
+    --out experiments/record/results/today/curve.png
 
 (--only picks curves from the --from-csv files; --rename shows one under a new label.)
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from vit.plots import plot_learning_curves, save_figure
+from vit.maps.plots import plot_learning_curves, save_figure
 
 Curve = tuple[list[float], list[float], list[int]]  # minutes, values, steps
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from vit.data import CIFAR10DataModule
-from vit.lit_module import ViTClassifier
+from vit.train.datamodule import CIFAR10DataModule
+from vit.train.module import ViTClassifier
 
 TINY_NETWORK = dict(
     preset="vit_nano", num_classes=3, patch_size=8, embed_dim=32, depth=2, num_heads=2

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.conftest import head_products
-from vit.attention import (
+from tests.helpers import head_products
+from vit.model.attention import (
     Attention,
     causal_mask,
     default_kernel,

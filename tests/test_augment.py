@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 import torchvision.transforms.functional as TF
 
-from vit.augment import (
+from vit.data.augment import (
     TrainAugment,
     mix_batch,
     normalize,

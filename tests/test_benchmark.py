@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import load_script
+from tests.helpers import load_script
 
 bench = load_script("benchmark")
 CFG = dict(width=32, depth=1, heads=2, mlp=64)

@@ -1,4 +1,4 @@
-"""Training behaviour that cuts across the steps (vit/callbacks.py): the wall-clock budget, the
+"""Training behaviour that cuts across the steps (vit/train/callbacks/): the wall-clock budget, the
 resolution and patch-drop curricula, and the finite-loss guard."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.conftest import quiet_trainer, random_loader, tiny_classifier
-from vit.callbacks import PatchDropSchedule, ResolutionSchedule, TimeBudget
+from tests.helpers import quiet_trainer, random_loader, tiny_classifier
+from vit.train.callbacks.budget import TimeBudget
+from vit.train.callbacks.checkpointing import FiniteLoss
+from vit.train.callbacks.curricula import PatchDropSchedule, ResolutionSchedule
 
 BUDGET_SCHEDULE = {"warmup_epochs": 0.0, "warmup_fraction": 0.1}
 
@@ -51,7 +53,9 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_p
     before = {k: v.clone() for k, v in module.model.state_dict().items()}
     bad = torch.randn(16, 3, 32, 32)
     bad[0, 0, 0, 0] = float("nan")
-    trainer = quiet_trainer(tmp_path, max_epochs=4, callbacks=[ckpt], enable_checkpointing=True)
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=4, callbacks=[ckpt, FiniteLoss()], enable_checkpointing=True
+    )
     with pytest.raises(FloatingPointError, match=r"loss is nan at step 12 \(epoch 3\)"):
         trainer.fit(
             module,
@@ -192,7 +196,7 @@ def test_time_budget_compiles_do_not_spend_the_warmup(tmp_path, monkeypatch) -> 
         schedule={"warmup_epochs": 0.0, "warmup_fraction": 0.3}, torch_compile=True
     )
     monkeypatch.setattr(module.model, "compile", lambda **kwargs: None)  # the compile's time: faked
-    monkeypatch.setattr("vit.lit_module.check_cpp_compiler", lambda: None)
+    monkeypatch.setattr("vit.train.module.check_cpp_compiler", lambda: None)
     clock = budget(tick=0.5)
     compiled: set[bool] = set()
 
@@ -224,7 +228,9 @@ def test_time_budget_compiles_do_not_spend_the_warmup(tmp_path, monkeypatch) -> 
 def test_time_budget_refuses_validation_every_other_epoch(tmp_path) -> None:
     module = tiny_classifier(schedule={"warmup_epochs": 0.0, "warmup_fraction": 0.0})
     trainer = quiet_trainer(tmp_path, max_epochs=5, check_val_every_n_epoch=2, callbacks=[budget()])
-    with pytest.raises(ValueError, match="check_val_every_n_epoch=2 with vit.callbacks.TimeBudget"):
+    with pytest.raises(
+        ValueError, match="check_val_every_n_epoch=2 with vit.train.callbacks.TimeBudget"
+    ):
         trainer.fit(module, random_loader(32), random_loader(16))
 
 

@@ -1,4 +1,4 @@
-"""Tests for vit/checkpoint.py and vit/timm_interop.py: safe loads, errors, resizing, sharing."""
+"""Tests for vit/io/ and vit/io/timm_interop.py: safe loads, errors, resizing, sharing."""
 
 from __future__ import annotations
 
@@ -12,17 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import TINY
-from vit.checkpoint import (
-    export_safetensors,
-    load_checkpoint,
-    load_model,
-    load_safetensors,
-    load_weights,
-    strip_prefixes,
-)
-from vit.embed import sinusoidal_table
-from vit.model import VisionTransformer
+from tests.helpers import TINY
+from vit.io.checkpoint import load_checkpoint
+from vit.io.load import export_safetensors, load_model, load_weights
+from vit.io.safetensors_file import load_safetensors
+from vit.io.state_dict import strip_prefixes
+from vit.model.embed import sinusoidal_table
+from vit.model.vision_transformer import VisionTransformer
 
 TINY3 = {**TINY, "num_classes": 3}
 needs_timm = pytest.mark.skipif(
@@ -215,7 +211,7 @@ CONFIGS = [
 @needs_timm
 @pytest.mark.parametrize("overrides", CONFIGS, ids=lambda c: ",".join(c) or "default")
 def test_to_timm_and_back_agree(overrides) -> None:
-    from vit.timm_interop import from_timm, to_timm
+    from vit.io.timm_interop import from_timm, to_timm
 
     ours = _model(**overrides)
     _randomize(ours, seed=3)
@@ -234,7 +230,7 @@ def test_to_timm_and_back_agree(overrides) -> None:
 def test_from_timm_agrees(global_pool) -> None:
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-    from vit.timm_interop import from_timm
+    from vit.io.timm_interop import from_timm
 
     kwargs = dict(img_size=32, patch_size=8, num_classes=5, embed_dim=48, depth=2, num_heads=3)
     theirs = TimmViT(**kwargs, global_pool=global_pool, fc_norm=False).eval()
@@ -259,7 +255,7 @@ def test_from_timm_agrees(global_pool) -> None:
 def test_from_timm_refuses_what_it_cannot_represent(extra, expected) -> None:
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-    from vit.timm_interop import from_timm
+    from vit.io.timm_interop import from_timm
 
     theirs = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **extra)
     with pytest.raises(ValueError, match="cannot be represented|cannot copy") as err:
@@ -274,7 +270,7 @@ def test_from_timm_refuses_what_it_cannot_represent(extra, expected) -> None:
 def test_lsa_or_spt_model_rebuilds_from_its_checkpoint_and_refuses_timm(
     tmp_path, option: str, refusal: str
 ) -> None:
-    from vit.timm_interop import to_timm
+    from vit.io.timm_interop import to_timm
 
     ours = _model(**{option: True})
     with torch.no_grad():  # move every weight off its init (temperatures, the SPT norm's ones)
@@ -299,7 +295,7 @@ def test_lsa_or_spt_model_rebuilds_from_its_checkpoint_and_refuses_timm(
 
 
 def test_missing_timm_says_how_to_install(monkeypatch) -> None:
-    from vit.timm_interop import to_timm
+    from vit.io.timm_interop import to_timm
 
     monkeypatch.setitem(sys.modules, "timm", None)
     monkeypatch.setitem(sys.modules, "timm.models.vision_transformer", None)

@@ -10,12 +10,16 @@ import torch
 import yaml
 from PIL import Image
 
-from tests.conftest import CIFAR_ARCHIVE, REPO, TINY_DATA_CLASSES, train_args
-from vit.checkpoint import load_model
-from vit.cli import ViTCLI, run_evaluate, train_main
-from vit.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule, decode_image_bytes
-from vit.lit_module import ViTClassifier
-from vit.optim import MuonAdamW, build_optimizer
+from tests.helpers import CIFAR_ARCHIVE, REPO, TINY_DATA_CLASSES, train_args
+from vit.commands.evaluate import run_evaluate
+from vit.commands.train import ViTCLI, train_main
+from vit.data.datasets import CIFAR10_MEAN, CIFAR10_STD
+from vit.data.folder_source import decode_image_bytes
+from vit.io.load import load_model
+from vit.train.datamodule import CIFAR10DataModule
+from vit.train.module import ViTClassifier
+from vit.train.muon import MuonAdamW
+from vit.train.optim import build_optimizer
 
 
 def _test_images(root: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +118,7 @@ def test_bf16_falls_back_to_float32_on_a_cpu_without_native_bf16(
     extra: list[str],
     expected: str,
 ) -> None:
-    monkeypatch.setattr("vit.hardware.cpu_has_fast_bf16", lambda: fast_bf16)
+    monkeypatch.setattr("vit.system.hardware.cpu_has_fast_bf16", lambda: fast_bf16)
     args = train_args(image_tree, tmp_path / "runs", "--trainer.precision=bf16-mixed", *extra)
     cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
     assert cli.trainer.precision == expected
@@ -141,7 +145,7 @@ def test_training_warns_where_the_mkl_shim_could_not_help(
     status: str,
     warned: bool,
 ) -> None:
-    monkeypatch.setattr("vit.mkl_amd._status", status)
+    monkeypatch.setattr("vit.system.mkl_amd._status", status)
     args = train_args(image_tree, tmp_path / "runs")
     ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
     assert ("MKL's AVX2 kernels" in caplog.text) == warned
@@ -152,7 +156,7 @@ def test_training_warns_where_the_mkl_shim_could_not_help(
 def test_a_run_records_the_precision_it_trained_with(
     image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("vit.hardware.cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr("vit.system.hardware.cpu_has_fast_bf16", lambda: False)
     runs = tmp_path / "runs"
     train_main(
         train_args(image_tree, runs, "--trainer.precision=bf16-mixed", "--trainer.max_epochs=1")
@@ -304,7 +308,7 @@ def test_unwritable_run_folder_fails_before_training(image_tree: Path, tmp_path:
 
 
 def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) -> None:
-    from vit.cli import evaluate_main
+    from vit.commands.evaluate import evaluate_main
 
     with pytest.raises(SystemExit) as exit_info:
         evaluate_main([str(tmp_path / "missing.ckpt")])
@@ -313,8 +317,8 @@ def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) 
 
 
 def test_evaluate_device_is_checked_before_anything_loads(monkeypatch, tmp_path, capsys) -> None:
-    from vit.cli import evaluate_main
-    from vit.hardware import resolve_device
+    from vit.commands.evaluate import evaluate_main
+    from vit.system.hardware import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

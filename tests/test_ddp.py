@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CIFAR_ARCHIVE, REPO
 from tests.ddp_step import TINY_NETWORK, one_step
-from vit.lit_module import ViTClassifier
+from tests.helpers import CIFAR_ARCHIVE, REPO
+from vit.train.module import ViTClassifier
 
 
 def _ddp_step(data: Path, out: Path) -> subprocess.CompletedProcess:
@@ -60,7 +60,7 @@ def test_quick_config_runs_under_ddp_on_two_cpu_processes(tmp_path: Path) -> Non
     cmd = [
         sys.executable,
         "-m",
-        "vit.entry",
+        "vit.commands.entry",
         "-c",
         str(REPO / "experiments/quick.yaml"),
         "--trainer.accelerator=cpu",

@@ -10,7 +10,8 @@ from urllib.parse import unquote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 # The banned word, spelled in two parts so that this file does not hold it.
 WORD = "".join(("ses", "sion"))
 LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -24,14 +25,14 @@ def repo_files() -> list[Path]:
     try:
         out = subprocess.run(
             ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=ROOT,
+            cwd=REPO,
             capture_output=True,
             check=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git work tree: the file list comes from git ls-files")
     names = [n for n in out.decode().split("\0") if n]
-    return [ROOT / n for n in names if (ROOT / n).is_file()]
+    return [REPO / n for n in names if (REPO / n).is_file()]
 
 
 def text_of(path: Path) -> str | None:
@@ -45,7 +46,7 @@ def text_of(path: Path) -> str | None:
 def test_no_file_or_path_names_the_word():
     offending = []
     for path in repo_files():
-        rel = path.relative_to(ROOT).as_posix()
+        rel = path.relative_to(REPO).as_posix()
         if WORD in rel.lower():
             offending.append(f"{rel} (its path)")
         text = text_of(path)
@@ -82,7 +83,7 @@ def test_relative_markdown_links_resolve():
         for target in relative_links(text):
             file_part = unquote(target.split("#", 1)[0].split("?", 1)[0])
             if not (path.parent / file_part).exists():
-                broken.append(f"{path.relative_to(ROOT).as_posix()}: {target}")
+                broken.append(f"{path.relative_to(REPO).as_posix()}: {target}")
     assert not broken, "relative links that lead nowhere:\n" + "\n".join(broken)
 
 

@@ -8,10 +8,11 @@ import lightning as L
 import pytest
 import torch
 
-from tests.conftest import quiet_trainer, random_loader, tiny_classifier
-from vit.callbacks import EMA
-from vit.checkpoint import load_checkpoint, load_model
-from vit.lit_module import ViTClassifier
+from tests.helpers import quiet_trainer, random_loader, tiny_classifier
+from vit.io.checkpoint import load_checkpoint
+from vit.io.load import load_model
+from vit.train.callbacks.ema import EMA
+from vit.train.module import ViTClassifier
 
 
 def _weights(module: L.LightningModule) -> list[torch.Tensor]:
@@ -119,13 +120,13 @@ def test_ema_decay_outside_zero_one_is_refused(decay: float) -> None:
 
 
 def test_ema_from_the_command_line_as_the_readme_shows(image_tree: Path, tmp_path: Path) -> None:
-    """`--trainer.callbacks+=vit.callbacks.EMA --trainer.callbacks.decay 0.99` appends EMA to
+    """`--trainer.callbacks+=vit.train.callbacks.EMA --trainer.callbacks.decay 0.99` appends EMA to
     the config's callbacks: the checkpoint holds the average, the live weights beside it."""
-    from tests.conftest import train_args
-    from vit.cli import train_main
+    from tests.helpers import train_args
+    from vit.commands.train import train_main
 
     runs = tmp_path / "runs"
-    extra = ("--trainer.callbacks+=vit.callbacks.EMA", "--trainer.callbacks.decay=0.99")
+    extra = ("--trainer.callbacks+=vit.train.callbacks.EMA", "--trainer.callbacks.decay=0.99")
     train_main(train_args(image_tree, runs, *extra))
     ckpt = load_checkpoint(runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt")
     assert "current_model_state" in ckpt and "averaging_state" in ckpt
@@ -134,7 +135,7 @@ def test_ema_from_the_command_line_as_the_readme_shows(image_tree: Path, tmp_pat
     live, saved = ckpt["current_model_state"], ckpt["state_dict"]
     assert not torch.equal(live["model.head.weight"], saved["model.head.weight"])
     # vit-evaluate scores the average by default and the live weights on request, in its own files
-    from vit.cli import run_evaluate
+    from vit.commands.evaluate import run_evaluate
 
     out = tmp_path / "eval"
     last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
@@ -157,7 +158,7 @@ def test_asking_a_checkpoint_without_ema_for_its_average_is_an_error(tiny_checkp
     model, _ = load_model(tiny_checkpoint, weights="live")  # live weights: its state_dict
     same, _ = load_model(tiny_checkpoint)
     torch.testing.assert_close(model.head.weight, same.head.weight)
-    with pytest.raises(ValueError, match="trained without vit.callbacks.EMA"):
+    with pytest.raises(ValueError, match="trained without vit.train.callbacks.EMA"):
         load_model(tiny_checkpoint, weights="average")
     with pytest.raises(ValueError, match="expected 'average', 'live' or None"):
         load_model(tiny_checkpoint, weights="ema")

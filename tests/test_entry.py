@@ -1,17 +1,61 @@
-"""`import vit` only defines things; the commands (vit/entry.py) switch MKL before torch loads."""
+"""`import vit` only defines things; the commands (vit/commands/entry.py) switch MKL before torch loads."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_mkl_amd import AMD, REPO
+import pytest
+
+from tests.helpers import AMD, REPO
+
+# Never copied nor watched: git's and the environment's folders, bytecode and tools' caches.
+CACHES = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+RUN_OUTPUTS = {"runs", "lightning_logs", "data_cache", "build", "eval"}  # .gitignore's, at the top
+
+# The watcher, run in the child process: every file under a checkout as [path, mtime, size].
+CHECKOUT_FILES = f"""
+def checkout_files(root):
+    import os
+    caches = {sorted(CACHES)!r}
+    found = []
+    for folder, names, files in os.walk(root):
+        names[:] = sorted(n for n in names if n not in caches)
+        for name in files:
+            path = os.path.join(folder, name)
+            st = os.stat(path, follow_symlinks=False)
+            found.append([os.path.relpath(path, root), st.st_mtime_ns, st.st_size])
+    return sorted(found)
+"""
+
+
+def copy_checkout(dest: Path) -> Path:
+    """The checkout copied to dest/<name> (not .git, .venv, caches or run outputs), for a child
+    process to import vit from (cwd and PYTHONPATH), so that a file it writes beside its own
+    modules or in its working folder lands in the watched copy, whatever else writes to REPO."""
+
+    def skip(folder: str, names: list[str]) -> set[str]:
+        top = Path(folder) == REPO
+        return {
+            n for n in names if n in CACHES or n.endswith(".egg-info") or (top and n in RUN_OUTPUTS)
+        }
+
+    return Path(shutil.copytree(REPO, dest / REPO.name, ignore=skip, symlinks=True))
+
+
+def changed(before: list, after: list) -> list[str]:
+    """The checkout's files written, removed or touched between two of checkout_files' lists."""
+    old, new = ({path: (mtime, size) for path, mtime, size in files} for files in (before, after))
+    return sorted(p for p in old.keys() | new.keys() if old.get(p) != new.get(p))
+
 
 # On a faked AMD CPU with AVX2, where the switch would compile and load its shim if anything ran
-# it: the files under the temporary HOME and cache, and the shared libraries mapped, at each step.
+# it: the files under the temporary HOME and cache, the shared libraries mapped, and the files of
+# the checkout vit is imported from (checkout_files), at each step.
 IMPORTS = """
 import json, os, pathlib, subprocess, sys
 real_read_text = pathlib.Path.read_text
@@ -26,9 +70,10 @@ subprocess.Popen = popen
 def seen():
     files = sorted(str(p) for p in pathlib.Path({root!r}).rglob("*"))
     libs = {{ln.split()[-1] for ln in open("/proc/self/maps") if ".so" in ln}}
-    return files, sorted(libs)
+    return files, sorted(libs), checkout_files({checkout!r})
 steps = {{"start": seen()}}
 import vit
+steps["vit from"] = vit.__file__
 steps["import vit"] = seen()
 steps["torch loaded"] = "torch" in sys.modules
 steps["spawned by vit"] = list(spawned)
@@ -43,18 +88,30 @@ print(json.dumps(steps))
 """
 
 
-def test_import_vit_and_vit_model_have_no_side_effects(tmp_path: Path) -> None:
+def test_import_vit_and_vit_model_have_no_side_effects(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     home, cache = tmp_path / "home", tmp_path / "cache"
     home.mkdir()
     cache.mkdir()
-    env = {**os.environ, "HOME": str(home), "VIT_CACHE_DIR": str(cache)}
+    checkout = copy_checkout(tmp_path_factory.mktemp("checkout"))
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "VIT_CACHE_DIR": str(cache),
+        "PYTHONPATH": str(checkout),
+    }
     env.pop("VIT_MKL_AVX2", None)
-    code = IMPORTS.format(amd=AMD, root=str(tmp_path))
+    code = CHECKOUT_FILES + IMPORTS.format(amd=AMD, root=str(tmp_path), checkout=str(checkout))
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+        [sys.executable, "-c", code], cwd=checkout, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     steps = json.loads(done.stdout.splitlines()[-1])
+    assert Path(steps["vit from"]).resolve().is_relative_to(checkout.resolve())  # the watched copy
+    assert len(steps["start"][2]) > 100  # the whole checkout is watched, not an empty folder
+    for step in ("import vit", "import torch", "import vit.model"):
+        assert changed(steps["start"][2], steps[step][2]) == [], step  # nothing in the checkout
     assert steps["import vit"] == steps["start"]  # no file written, no library loaded
     assert steps["spawned by vit"] == steps["spawned by vit.model"] == []  # no compiler run
     assert steps["torch loaded"] is False  # `import vit` does not even load torch
@@ -63,11 +120,46 @@ def test_import_vit_and_vit_model_have_no_side_effects(tmp_path: Path) -> None:
     assert steps["lightning loaded"] is False  # the model side needs no training stack
 
 
+# A module that writes under the checkout when imported: a new file in a new folder beside the
+# package, and a line added to an existing file.
+SNEAKY = """
+from pathlib import Path
+checkout = Path(__file__).resolve().parents[1]
+(checkout / "written-on-import").mkdir()
+(checkout / "written-on-import" / "state.json").write_text("{}")
+with open(checkout / "pyproject.toml", "a") as f:
+    f.write("# touched on import\\n")
+"""
+WATCH = """
+import json
+before = checkout_files({checkout!r})
+import {module}
+print(json.dumps([before, checkout_files({checkout!r})]))
+"""
+
+
+def test_the_checkout_watcher_catches_a_module_that_writes_on_import(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    checkout = copy_checkout(tmp_path_factory.mktemp("checkout"))
+    (checkout / "vit" / "sneaky_import.py").write_text(SNEAKY)
+    code = CHECKOUT_FILES + WATCH.format(checkout=str(checkout), module="vit.sneaky_import")
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=checkout, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    before, after = json.loads(done.stdout.splitlines()[-1])
+    assert changed(before, after) == ["pyproject.toml", "written-on-import/state.json"]
+    assert changed(before, before) == []
+
+
 # Each command's target with the switch replaced by a probe: first stopped there (was torch
 # loaded when it ran?), then run through to its --help.
 COMMANDS = """
 import sys
-from vit import entry, mkl_amd
+from vit.commands import entry
+from vit.system import mkl_amd
 ARGS = {
     "train": ["fit", "--help"], "evaluate": ["--help"], "visualize": ["--help"], "explore": ["--help"]
 }

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from vit.evaluate import evaluate_loader
+from vit.train.evaluation import evaluate_loader
 
 
 class LeftOrRight(nn.Module):

@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, write_safetensors
-from vit import browser
-from vit.data import preprocess
-from vit.explore import SCALE, quantize, run_explore, write_explorer
-from vit.maps import attention_maps, grad_rollout, patch_grid, query_map, rollout_map
-from vit.model import VisionTransformer
-from vit.pretrained import available
+from tests import browser
+from tests.helpers import TINY, write_safetensors
+from vit.commands.explore import run_explore
+from vit.data.datasets import preprocess
+from vit.io.pretrained import available
+from vit.maps.capture import attention_maps, patch_grid, query_map
+from vit.maps.explorer import SCALE, quantize, write_explorer
+from vit.maps.rollout import grad_rollout, rollout_map
+from vit.model.vision_transformer import VisionTransformer
 
 CLASSES = [f"class {k}" for k in range(10)]
 
@@ -226,7 +228,7 @@ def test_an_existing_page_is_kept_unless_overwrite(weights, picture_files, tmp_p
 
 
 def test_an_undecodable_image_is_named(weights, picture_files, tmp_path, capsys) -> None:
-    from vit.explore import explore_main
+    from vit.commands.explore import explore_main
 
     bad = tmp_path / "broken.png"
     bad.write_bytes(b"not an image at all")

@@ -1,6 +1,6 @@
 """experiments/gpu8.yaml, the 8-minute GPU recipe: it keeps issue 45's constraints as written, and
 it runs end to end on a CPU with only what a CPU needs overridden on the command line, as
-experiments/gpu/run_gpu8.sh --dry-run does; and that script is valid bash."""
+scripts/gpu/run_gpu8.sh --dry-run does; and that script is valid bash."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO
-from vit.checkpoint import load_checkpoint
-from vit.cli import train_main
-from vit.config import NetworkConfig
+from tests.helpers import REPO
+from vit.commands.train import train_main
+from vit.io.checkpoint import load_checkpoint
+from vit.model.config import NetworkConfig
 
 GPU8 = REPO / "experiments" / "gpu8.yaml"
-SCRIPT = REPO / "experiments" / "gpu" / "run_gpu8.sh"
+SCRIPT = REPO / "scripts" / "gpu" / "run_gpu8.sh"
 BUDGET_MIN = 0.25  # 15 s of training: the first steps alone can take seconds on a busy CPU
 
 
@@ -42,7 +42,7 @@ def test_gpu8_keeps_the_issue_constraints() -> None:
     (budget,) = callback_args(config, "TimeBudget")
     assert 0 < budget["minutes"] <= 8.0
     # run_gpu8.sh --dry-run and the test below override the budget as the list's last callback
-    assert config["trainer"]["callbacks"][-1]["class_path"] == "vit.callbacks.TimeBudget"
+    assert config["trainer"]["callbacks"][-1]["class_path"] == "vit.train.callbacks.TimeBudget"
     assert config["model"]["torch_compile"] is True
     assert config["model"]["compile_mode"] == "reduce-overhead"
     assert config["model"]["optimizer"]["name"] == "muon"

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from vit.cli import train_main
+from vit.commands.train import train_main
 
 OURS = ("--model.", "--data.", "--test_after_fit", "--bf16_fallback")
 CALLBACKS = (
@@ -56,5 +56,5 @@ def test_every_model_and_data_option_has_a_description(capsys) -> None:
 
 @pytest.mark.parametrize("name", CALLBACKS)
 def test_every_callback_option_has_a_description(name: str, capsys) -> None:
-    text = help_text(["fit", "--trainer.callbacks.help", f"vit.callbacks.{name}"], capsys)
+    text = help_text(["fit", "--trainer.callbacks.help", f"vit.train.callbacks.{name}"], capsys)
     assert undescribed(text, ("--trainer.callbacks.",)) == []

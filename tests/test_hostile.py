@@ -11,13 +11,15 @@ from pathlib import Path
 import lightning as L
 import pytest
 
-from tests.conftest import TINY, Payload, train_args, vit_train_checkpoint
-from vit.checkpoint import load_checkpoint, load_model, load_weights
-from vit.cli import evaluate_main, train_main
-from vit.explore import explore_main
-from vit.lit_module import ViTClassifier
-from vit.model import VisionTransformer
-from vit.visualize import visualize_main
+from tests.helpers import TINY, Payload, train_args, vit_train_checkpoint
+from vit.commands.evaluate import evaluate_main
+from vit.commands.explore import explore_main
+from vit.commands.train import train_main
+from vit.commands.visualize import visualize_main
+from vit.io.checkpoint import load_checkpoint
+from vit.io.load import load_model, load_weights
+from vit.model.vision_transformer import VisionTransformer
+from vit.train.module import ViTClassifier
 
 
 def _train(subcommand: str, ckpt_path: str) -> Callable[[Path, Path], object]:

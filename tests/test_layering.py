@@ -1,4 +1,6 @@
-"""Imports run one way (DESIGN.md): read from the source with ast, so no import can hide."""
+"""The house's layers (README, Layout): each sub-package of vit imports only those below it, only
+train/ and commands/ import Lightning, and nothing loads torch before the commands' MKL switch.
+Read from the source with ast, so no import can hide (function-level imports count too)."""
 
 from __future__ import annotations
 
@@ -8,36 +10,61 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 PACKAGE = REPO / "vit"
-MODULES = {f"vit.{p.stem}": p for p in sorted(PACKAGE.glob("*.py")) if p.stem != "__init__"}
-MODULES["vit"] = PACKAGE / "__init__.py"
-MODEL_SIDE = {f"vit.{m}" for m in ("attention", "embed", "block", "model", "maps")}
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+# sub-package -> the sub-packages it may import: the order the README draws, top to bottom
+LAYERS = {
+    "commands": {"train", "maps", "io", "data", "model", "system"},
+    "train": {"maps", "io", "data", "model", "system"},
+    "maps": {"data", "model"},
+    "io": {"model"},
+    "data": {"system"},
+    "model": set(),
+    "system": set(),
+}
+LIGHTNING = {"lightning", "pytorch_lightning", "torchmetrics"}
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+
+
 def imports(path: Path, *, top_level_only: bool = False) -> set[str]:
-    """The modules path imports: vit ones by full name (`from vit import x` -> vit.x), others by
-    their top package. Function-level imports count unless top_level_only."""
+    """The modules path imports at run time: vit ones by full name (`from vit.system import
+    mkl_amd` -> vit.system.mkl_amd), others by their top package. Imports under `if
+    TYPE_CHECKING:` never run and do not count; function-level ones count unless top_level_only."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    tree.body = [n for n in tree.body if not _is_type_checking(n)]
     nodes = tree.body if top_level_only else ast.walk(tree)
     found = set()
     for node in nodes:
         if isinstance(node, ast.Import):
             found |= {_name(a.name) for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: inside the vit package
-                base = "vit" + (f".{base}" if base else "")
+            assert not node.level, f"{path}: relative import; use the full vit.* name"
             for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                found.add(sub if sub in MODULES else _name(base))
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else _name(node.module or ""))
     return found
 
 
 def _name(module: str) -> str:
-    """A vit module by full name, anything else by its top package."""
     return module if module.split(".")[0] == "vit" else module.split(".")[0]
+
+
+def subpackage(module: str) -> str:
+    """vit.train.callbacks.budget -> train; vit -> ''."""
+    return module.split(".")[1] if module.count(".") else ""
 
 
 def graph() -> dict[str, set[str]]:
@@ -73,42 +100,82 @@ def test_find_cycle_reports_one() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
-def test_the_model_side_imports_only_torch_einops_and_itself() -> None:
-    assert MODEL_SIDE <= set(MODULES)
-    allowed = {"torch", "einops"} | STDLIB | MODEL_SIDE
-    strays = {m: sorted(imports(MODULES[m]) - allowed) for m in sorted(MODEL_SIDE)}
-    assert strays == {m: [] for m in sorted(MODEL_SIDE)}
+def test_every_module_lives_in_a_layer() -> None:
+    strays = sorted(m for m in MODULES if m != "vit" and subpackage(m) not in LAYERS)
+    assert strays == []
 
 
-def test_hardware_imports_no_vit_module() -> None:
-    assert not {i for i in imports(MODULES["vit.hardware"]) if i.startswith("vit")}
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "vit"))
+def test_each_subpackage_imports_only_those_below_it(module: str) -> None:
+    own = subpackage(module)
+    allowed = LAYERS[own] | {own}
+    reached = {subpackage(i) for i in imports(MODULES[module]) if i.startswith("vit.")}
+    assert reached <= allowed, f"{module} imports vit.{sorted(reached - allowed)}"
 
 
-@pytest.mark.parametrize(
-    "path", sorted([*PACKAGE.glob("*.py"), *(REPO / "scripts").glob("*.py")]), ids=str
-)
-def test_nothing_imports_the_cli(path: Path) -> None:
-    """vit.entry alone reaches it, inside its functions, after the MKL switch."""
-    if path == PACKAGE / "cli.py":
+def test_the_layer_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    """The check above can fail: a model file that imports the trainer is caught."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from vit.train.module import ViTClassifier\n")
+    reached = {subpackage(i) for i in imports(bad) if i.startswith("vit.")}
+    assert not reached <= LAYERS["model"] | {"model"}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_only_train_and_commands_import_lightning(module: str) -> None:
+    if subpackage(module) in {"train", "commands"}:
         return
-    if path == PACKAGE / "entry.py":
-        assert "vit.cli" in imports(path) and "vit.cli" not in imports(path, top_level_only=True)
-    else:
-        assert "vit.cli" not in imports(path)
+    assert not imports(MODULES[module]) & LIGHTNING
+
+
+def test_the_model_imports_only_torch_einops_and_itself() -> None:
+    model = {m: p for m, p in MODULES.items() if subpackage(m) == "model"}
+    allowed = {"torch", "einops"} | STDLIB | set(model)
+    strays = {m: sorted(imports(p) - allowed) for m, p in model.items()}
+    assert strays == {m: [] for m in model}
+
+
+def test_the_map_math_imports_only_torch() -> None:
+    """Capture and rollout read any model with torch alone; only the pictures need more."""
+    for m in ("vit.maps.capture", "vit.maps.rollout"):
+        outside = {i for i in imports(MODULES[m]) if not i.startswith("vit.")}
+        assert outside <= {"torch"} | STDLIB, m
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_only_the_entry_points_import_the_commands(module: str) -> None:
+    """vit.commands.entry reaches the commands inside its functions, after the MKL switch."""
+    found = {i for i in imports(MODULES[module]) if subpackage(i) == "commands"}
+    if module == "vit.commands.entry":
+        assert "vit.commands.train" in found
+        assert not {i for i in imports(MODULES[module], top_level_only=True) if i != "vit"} & {
+            m for m in MODULES if subpackage(m) == "commands" and m != "vit.commands"
+        }
+    elif subpackage(module) != "commands":
+        assert found == set(), f"{module} imports {sorted(found)}"
 
 
 def test_the_commands_reach_the_switch_without_torch() -> None:
-    """vit.entry's module imports, and theirs, are the standard library's: torch loads only after
-    the MKL switch (vit/mkl_amd.py), and `import vit` defines nothing that loads it."""
-    seen, todo = set(), ["vit", "vit.entry"]
+    """Importing vit.commands.entry (and with it the packages vit, vit.commands, vit.system) runs
+    the standard library's imports only: torch loads after the MKL switch (vit/system/mkl_amd.py),
+    and `import vit` defines nothing that loads it."""
+    seen, todo = set(), ["vit.commands.entry"]
     while todo:
         module = todo.pop()
         seen.add(module)
+        parents = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
         found = imports(MODULES[module], top_level_only=True)
         assert found <= STDLIB | set(MODULES), (module, sorted(found - STDLIB - set(MODULES)))
-        todo += sorted(found & set(MODULES) - seen)
-    assert seen == {"vit", "vit.entry", "vit.mkl_amd", "vit.paths"}
-    assert imports(MODULES["vit"]) == set()
+        todo += sorted((found & set(MODULES) | parents) - seen)
+    assert seen == {
+        "vit",
+        "vit.commands",
+        "vit.commands.entry",
+        "vit.system",
+        "vit.system.mkl_amd",
+        "vit.system.paths",
+    }
+    assert imports(MODULES["vit"]) <= STDLIB
 
 
 def test_vit_imports_form_no_cycle() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from vit.data import TensorImageDataset, collate_batch
-from vit.loader import EpochSampler, ResumableDataLoader
+from vit.data.datasets import TensorImageDataset, collate_batch
+from vit.data.loader import EpochSampler, ResumableDataLoader
 
 
 def _data(n: int = 40) -> TensorImageDataset:

@@ -5,18 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import TINY
-from vit.maps import (
-    attention_maps,
-    discard_lowest,
-    fuse_heads,
-    grad_rollout,
-    query_map,
-    roll_out,
-    rollout,
-    rollout_map,
-)
-from vit.model import VisionTransformer
+from tests.helpers import TINY
+from vit.maps.capture import attention_maps, fuse_heads, query_map
+from vit.maps.rollout import discard_lowest, grad_rollout, roll_out, rollout, rollout_map
+from vit.model.vision_transformer import VisionTransformer
 
 
 @pytest.mark.parametrize("kernel", ["explicit", "fused"])

@@ -19,10 +19,12 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import CIFAR_ARCHIVE, REPO, quiet_trainer, random_loader, tiny_classifier
-from vit.callbacks import TimeBudget
-from vit.checkpoint import load_checkpoint, load_model, migrate_checkpoint
-from vit.lit_module import ViTClassifier
+from tests.helpers import CIFAR_ARCHIVE, REPO, quiet_trainer, random_loader, tiny_classifier
+from vit.io.checkpoint import load_checkpoint
+from vit.io.load import load_model
+from vit.io.migrate import migrate_checkpoint
+from vit.train.callbacks.budget import TimeBudget
+from vit.train.module import ViTClassifier
 
 FIXTURE = REPO / "tests" / "fixtures" / "tiny-flat-layout.ckpt"
 EXPECTED = json.loads((REPO / "tests" / "fixtures" / "tiny-flat-layout.json").read_text())
@@ -89,8 +91,8 @@ def _input() -> torch.Tensor:
 
 
 def _callback(name: str, **init_args: Any) -> dict[str, Any]:
-    """A trainer.callbacks entry of the config for vit.callbacks.<name>."""
-    return {"class_path": f"vit.callbacks.{name}", "init_args": init_args}
+    """A trainer.callbacks entry of the config for vit.train.callbacks.<name>."""
+    return {"class_path": f"vit.train.callbacks.{name}", "init_args": init_args}
 
 
 def _raw_fixture() -> dict[str, Any]:
@@ -126,7 +128,7 @@ def test_load_from_checkpoint_reads_the_flat_layout_as_the_grouped_one() -> None
 
 @needs_cifar
 def test_vit_evaluate_scores_the_fixture_as_the_old_code_did(tmp_path: Path) -> None:
-    from vit.cli import run_evaluate
+    from vit.commands.evaluate import run_evaluate
 
     result = run_evaluate([str(FIXTURE), "--split", "val", "--output-dir", str(tmp_path)])
     assert result["num_images"] == 64  # the fixture's val_size
@@ -140,7 +142,7 @@ def test_a_fit_in_the_new_layout_resumes_the_flat_checkpoint(
 ) -> None:
     """vit-train fit --ckpt_path on the old file: the optimizer layout matches (Muon with the
     patch projection), two more steps run, and the budget's clock goes on from the old one."""
-    from vit.cli import train_main
+    from vit.commands.train import train_main
 
     ckpt = shutil.copy(FIXTURE, tmp_path / "old.ckpt")
     at_fit_start: list[float] = []
@@ -247,3 +249,126 @@ def test_a_todays_checkpoint_passes_migrate_unchanged(tmp_path: Path) -> None:
     assert after["hyper_parameters"] == before["hyper_parameters"] == dict(module.hparams)
     assert after["callbacks"]["TimeBudget"] == before["callbacks"]["TimeBudget"]
     assert after["callbacks"]["TimeBudget"]["elapsed_s"] > 0
+
+
+# tests/fixtures/tiny-grouped-layout.*: a checkpoint and the config.yaml vit-train saved beside
+# it, written by the code from before vit/ had sub-packages (commit e9cc07d; class paths
+# vit.callbacks.*), by tests/fixtures/make_grouped_layout.py: the cpu60 recipe's callbacks on a
+# tiny model, 6 steps. The JSON holds the logits and val scores the old code gave.
+GROUPED = REPO / "tests" / "fixtures" / "tiny-grouped-layout.ckpt"
+GROUPED_CONFIG = REPO / "tests" / "fixtures" / "tiny-grouped-layout.config.yaml"
+GROUPED_EXPECTED = json.loads(
+    (REPO / "tests" / "fixtures" / "tiny-grouped-layout.json").read_text()
+)
+
+
+def test_the_grouped_fixture_holds_the_old_class_paths() -> None:
+    """The fixture is what it claims: its config names the callbacks by their old module."""
+    paths = [
+        c["class_path"] for c in yaml.safe_load(GROUPED_CONFIG.read_text())["trainer"]["callbacks"]
+    ]
+    assert {p for p in paths if p.startswith("vit.")} == {
+        f"vit.callbacks.{n}"
+        for n in ("LastCheckpoint", "EMA", "TimeBudget", "ResolutionSchedule", "PatchDropSchedule")
+    }
+
+
+def test_load_model_gives_the_old_codes_logits_for_the_grouped_layout() -> None:
+    model, _ = load_model(GROUPED)
+    with torch.no_grad():
+        logits = model(_input())
+    torch.testing.assert_close(logits, torch.tensor(GROUPED_EXPECTED["logits"]), atol=1e-5, rtol=0)
+    module = ViTClassifier.load_from_checkpoint(GROUPED).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(module.model(_input()), logits, atol=0, rtol=0)
+
+
+@needs_cifar
+def test_vit_evaluate_scores_the_grouped_fixture_as_the_old_code_did(tmp_path: Path) -> None:
+    from vit.commands.evaluate import run_evaluate
+
+    result = run_evaluate(
+        [
+            str(GROUPED),
+            "--split",
+            "val",
+            "--output-dir",
+            str(tmp_path),
+            "--data-dir",
+            str(CIFAR_ARCHIVE),
+        ]
+    )
+    assert result["num_images"] == GROUPED_EXPECTED["val_images"] == 64
+    assert result["top1"] == GROUPED_EXPECTED["val_top1"]
+    assert result["top5"] == GROUPED_EXPECTED["val_top5"]
+
+
+@needs_cifar
+def test_an_old_config_yaml_resumes_the_old_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`vit-train -c <old config.yaml> --ckpt_path <old ckpt>`: the old class paths resolve to
+    today's callbacks (with a warning naming each new path), and the fit goes on from step 6."""
+    from vit.commands.train import train_main
+
+    monkeypatch.chdir(tmp_path)  # the config's loggers write to runs/ here
+    ckpt = shutil.copy(GROUPED, tmp_path / "old.ckpt")
+    elapsed = load_checkpoint(ckpt)["callbacks"]["TimeBudget"]["elapsed_s"]
+    with caplog.at_level("WARNING", logger="vit.commands.train"):
+        train_main(
+            ["fit", "-c", str(GROUPED_CONFIG), f"--ckpt_path={ckpt}", "--trainer.max_steps=8",
+             f"--data.data_dir={CIFAR_ARCHIVE}", "--trainer.enable_progress_bar=false"]
+        )  # fmt: skip
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "vit.callbacks.TimeBudget is vit.train.callbacks.TimeBudget now" in warned
+    last = next(tmp_path.glob("runs/cpu60/version_*/checkpoints/last.ckpt"))
+    resumed = load_checkpoint(last)
+    assert resumed["global_step"] == 8
+    assert resumed["callbacks"]["TimeBudget"]["elapsed_s"] > elapsed
+    saved = yaml.safe_load(next(tmp_path.glob("runs/cpu60/version_*/config.yaml")).read_text())
+    assert "vit.train.callbacks.TimeBudget" in [
+        c["class_path"] for c in saved["trainer"]["callbacks"]
+    ]
+
+
+def test_migrate_renames_old_class_paths_and_only_those() -> None:
+    ckpt = {
+        "hyper_parameters": {"_class_path": "vit.lit_module.ViTClassifier"},
+        "datamodule_hyper_parameters": {"_class_path": "vit.data.CIFAR10DataModule"},
+    }
+    migrate_checkpoint(ckpt)
+    assert ckpt["hyper_parameters"]["_class_path"] == "vit.train.module.ViTClassifier"
+    assert (
+        ckpt["datamodule_hyper_parameters"]["_class_path"]
+        == "vit.train.datamodule.CIFAR10DataModule"
+    )
+    mine = {"hyper_parameters": {"_class_path": "my.module.Classifier"}}
+    assert migrate_checkpoint(mine)["hyper_parameters"]["_class_path"] == "my.module.Classifier"
+
+
+def test_each_load_migrates_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint read by load_checkpoint is migrated there, once; the module's hook, which
+    Lightning calls with what it read itself, migrates only what is still of an old layout."""
+    import vit.io.checkpoint
+    import vit.train.module
+
+    calls: list[int] = []
+    real = migrate_checkpoint
+
+    def counting(ckpt: dict[str, Any]) -> dict[str, Any]:
+        calls.append(1)
+        return real(ckpt)
+
+    monkeypatch.setattr(vit.io.checkpoint, "migrate_checkpoint", counting)
+    monkeypatch.setattr(vit.train.module, "migrate_checkpoint", counting)
+    for load in (load_model, ViTClassifier.load_from_checkpoint):
+        calls.clear()
+        load(FIXTURE)
+        assert len(calls) == 1, load
+    module = ViTClassifier.load_from_checkpoint(FIXTURE)
+    calls.clear()
+    module.on_load_checkpoint(load_checkpoint(FIXTURE))  # already migrated by load_checkpoint
+    assert len(calls) == 1
+    calls.clear()
+    module.on_load_checkpoint(_raw_fixture())  # as Lightning reads it: the old layout
+    assert len(calls) == 1

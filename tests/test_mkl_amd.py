@@ -1,4 +1,4 @@
-"""vit.mkl_amd: MKL's AVX2 kernels on AMD CPUs, switched on before torch loads, and only then."""
+"""vit.system.mkl_amd: MKL's AVX2 kernels on AMD CPUs, switched on before torch loads, and only then."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit import mkl_amd
+from tests.helpers import AMD, REPO
+from vit.system import mkl_amd
 
-REPO = Path(__file__).resolve().parents[1]
-AMD = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma\n\nvendor_id\t: AuthenticAMD\n"
 INTEL = "vendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx avx2 fma avx512f\n"
 ON = "on: MKL (torch's float32 BLAS on x86) takes its AVX2 or AVX-512 kernels, as the CPU allows ("
 LATE = "not possible: torch was imported first, and its MKL is bound to its own vendor check"
@@ -28,7 +27,7 @@ X86_MKL = platform.machine() in ("x86_64", "AMD64") and torch.backends.mkl.is_av
 # a fake CPU for a child process, then the switch, torch and one product under MKL_VERBOSE=1
 PROBE = """
 import sys
-from vit import mkl_amd
+from vit.system import mkl_amd
 mkl_amd.read_cpuinfo = lambda: {cpuinfo!r}
 if {answer} is not None:  # the shim's answer to "is this an Intel CPU?"
     mkl_amd.SOURCE = mkl_amd.SOURCE.replace("return 1", "return {answer}")
@@ -192,7 +191,11 @@ def test_enable_refuses_a_shim_others_can_write(
     assert status == f"not possible: refused to load the shim ({reason})"
     mkl_amd.report()
     assert caplog.record_tuples == [
-        ("vit.mkl_amd", logging.WARNING, f"MKL's AVX2 kernels (vit/mkl_amd.py): {status}")
+        (
+            "vit.system.mkl_amd",
+            logging.WARNING,
+            f"MKL's AVX2 kernels (vit/system/mkl_amd.py): {status}",
+        )
     ]
 
 

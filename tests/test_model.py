@@ -11,15 +11,15 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from tests.conftest import TINY, head_products
-from vit.embed import (
+from tests.helpers import TINY, head_products
+from vit.model.embed import (
     PatchEmbed,
     drop_patches,
     resize_pos_embed,
     sincos_2d_table,
     sinusoidal_table,
 )
-from vit.model import PRESETS, VisionTransformer, create_model
+from vit.model.vision_transformer import PRESETS, VisionTransformer, create_model
 
 
 def test_forward_shapes_and_timm_names(tiny_model: VisionTransformer) -> None:
@@ -340,11 +340,15 @@ def test_tiny_model_overfits_a_tiny_batch(tiny_model: VisionTransformer) -> None
     [
         # the model, attention maps and checkpoint tools lift into any training loop
         (
-            "vit.model vit.attention vit.block vit.embed vit.maps vit.checkpoint vit.evaluate "
-            "vit.loader vit.timm_interop",
+            "vit vit.model vit.maps vit.maps.explorer vit.io.load vit.io.migrate vit.io.pretrained "
+            "vit.io.timm_interop vit.data.datasets vit.data.folder_source vit.data.cifar10_source "
+            "vit.data.loader vit.train.evaluation",
             ("lightning", "torchmetrics", "pytorch_lightning", "timm"),
         ),
-        ("vit.augment", ("lightning", "torchvision", "PIL")),  # batched augmentation: torch only
+        (
+            "vit.data.augment",
+            ("lightning", "torchvision", "PIL"),
+        ),  # batched augmentation: torch only
     ],
 )
 def test_library_imports_stay_light(modules: str, forbidden: tuple[str, ...]) -> None:

@@ -1,4 +1,4 @@
-"""Muon with AdamW in one optimizer (vit/optim.py)."""
+"""Muon with AdamW in one optimizer (vit/train/muon.py) and the optimizer factory (vit/train/optim.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import quiet_trainer, random_loader, tiny_classifier
-from vit import optim
-from vit.lit_module import ViTClassifier
-from vit.optim import MuonAdamW, muon_param_groups, orthogonalize
+from tests.helpers import quiet_trainer, random_loader, tiny_classifier
+from vit.train import muon as muon_module
+from vit.train.module import ViTClassifier
+from vit.train.muon import MuonAdamW, orthogonalize
+from vit.train.optim import muon_param_groups
 
 
 @pytest.mark.parametrize("shape", [(8, 24), (24, 8), (16, 16)])
@@ -49,7 +50,7 @@ def test_gram_form_gives_the_loops_iterations(shape: tuple[int, int], monkeypatc
     gen = torch.Generator().manual_seed(0)
     g = torch.randn(shape[0], 8, generator=gen) @ torch.randn(8, shape[1], generator=gen)
     g += 0.01 * torch.randn(shape, generator=gen)  # low rank plus noise, as a gradient
-    a, b, c = optim.NS_COEFFICIENTS
+    a, b, c = muon_module.NS_COEFFICIENTS
     x = g.double().T if shape[0] > shape[1] else g.double()
     x = x / x.norm()
     for _ in range(5):
@@ -57,8 +58,10 @@ def test_gram_form_gives_the_loops_iterations(shape: tuple[int, int], monkeypatc
         x = a * x + (b * gram + c * gram @ gram) @ x
     loop = x.T if shape[0] > shape[1] else x
     calls = []
-    gram_form = optim._iterate_on_the_gram
-    monkeypatch.setattr(optim, "_iterate_on_the_gram", lambda *a: calls.append(1) or gram_form(*a))
+    gram_form = muon_module._iterate_on_the_gram
+    monkeypatch.setattr(
+        muon_module, "_iterate_on_the_gram", lambda *a: calls.append(1) or gram_form(*a)
+    )
     out = orthogonalize(g)
     assert calls == [1]
     assert (out.double() - loop).abs().max() < 1e-3 * loop.abs().max()
@@ -187,7 +190,7 @@ def test_muon_patch_embed_puts_the_patch_projection_in_muon_and_trains(
     whose filter Muon takes as its out x in*k*k matrix, and gives back in the filter's shape.
     The iterations run in float32 on every machine here: in bfloat16 (the default where bf16 is
     fast) the step and this check's recomputation round apart by more than the tolerance."""
-    monkeypatch.setattr(optim, "iteration_dtype", lambda params: torch.float32)
+    monkeypatch.setattr(muon_module, "iteration_dtype", lambda params: torch.float32)
     torch.manual_seed(0)
     module = tiny_classifier(
         network={"spt": spt}, optimizer={"name": "muon", "muon": {"patch_embed": True}}
@@ -225,9 +228,11 @@ def test_muon_patch_embed_puts_the_patch_projection_in_muon_and_trains(
 
 def test_muon_ns_steps_reaches_the_iterations_and_is_checked(tmp_path, monkeypatch) -> None:
     steps_seen = []
-    real = optim.orthogonalize
+    real = muon_module.orthogonalize
     monkeypatch.setattr(
-        optim, "orthogonalize", lambda g, **kw: steps_seen.append(kw["steps"]) or real(g, **kw)
+        muon_module,
+        "orthogonalize",
+        lambda g, **kw: steps_seen.append(kw["steps"]) or real(g, **kw),
     )
     module = tiny_classifier(optimizer={"name": "muon", "muon": {"ns_steps": 3}})
     trainer = quiet_trainer(tmp_path, max_steps=1, max_epochs=1)
@@ -364,12 +369,12 @@ def test_muon_refuses_fsdp_which_shards_its_matrices() -> None:
 
 
 def test_iterations_run_in_bf16_only_where_bf16_is_fast(monkeypatch) -> None:
-    import vit.optim
+    import vit.train.muon
 
     w = nn.Parameter(torch.zeros(4, 4))
     for fast, dtype in ((False, torch.float32), (True, torch.bfloat16)):
-        monkeypatch.setattr(vit.optim, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        monkeypatch.setattr(vit.train.muon, "cpu_has_fast_bf16", lambda fast=fast: fast)
         assert MuonAdamW([{"params": [w], "use_muon": True}]).ns_dtype == dtype
-    monkeypatch.setattr(vit.optim, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(vit.train.muon, "cpu_has_fast_bf16", lambda: True)
     opt = MuonAdamW([{"params": [w], "use_muon": True}], ns_dtype=torch.float32)
     assert opt.ns_dtype == torch.float32  # an explicit dtype wins

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from tests.conftest import load_script
+from tests.helpers import load_script
 
 plot_curve = load_script("plot_curve")
 
@@ -147,7 +147,7 @@ def test_refuses_two_curves_under_one_label(tmp_path: Path, monkeypatch, capsys)
 
 
 def test_x_steps_plots_against_steps(tmp_path: Path, monkeypatch) -> None:
-    import vit.plots
+    import vit.maps.plots
 
     write_run(tmp_path / "a", [0.1, 0.5])
     seen = {}
@@ -156,7 +156,7 @@ def test_x_steps_plots_against_steps(tmp_path: Path, monkeypatch) -> None:
         seen.update(curves=curves, **kw)
         return real(curves, **kw)
 
-    real = vit.plots.plot_learning_curves
+    real = vit.maps.plots.plot_learning_curves
     monkeypatch.setattr(plot_curve, "plot_learning_curves", spy)
     out = tmp_path / "steps.png"
     argv = ["plot_curve.py", str(tmp_path / "a"), "--labels", "A", "--x", "steps"]

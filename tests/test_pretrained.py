@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.conftest import TINY, TINY_DATA_CLASSES, write_safetensors
-from vit import pretrained
-from vit.checkpoint import export_safetensors, load_model, weights_kind
-from vit.cli import default_eval_dir, run_evaluate
-from vit.model import VisionTransformer
-from vit.pretrained import PRETRAINED, WeightsNotFoundError, resolve
-from vit.visualize import run_visualize
+from tests.helpers import REPO, TINY, TINY_DATA_CLASSES, write_safetensors
+from vit.commands.evaluate import default_eval_dir, run_evaluate
+from vit.commands.visualize import run_visualize
+from vit.io import pretrained
+from vit.io.load import export_safetensors, load_model, weights_kind
+from vit.io.pretrained import PRETRAINED, WeightsNotFoundError, resolve
+from vit.model.vision_transformer import VisionTransformer
 
 NAME = "tiny-test-weights"
 EXTRA = {"recipe": "experiments/quick.yaml", "test_top1": "0.3333", "trained_on": "a test"}
@@ -56,8 +56,8 @@ def test_a_registered_name_whose_file_is_absent_says_so(tmp_path, monkeypatch) -
 
 
 def test_the_shipped_files_are_package_data() -> None:
-    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    assert 'vit = ["weights/*.safetensors", "explorer/*"]' in text
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'vit = ["io/weights/*.safetensors", "maps/assets/*"]' in text
     assert all(name.endswith(".safetensors") for name in PRETRAINED.values())
     assert pretrained.WEIGHTS_DIR.parent == Path(pretrained.__file__).resolve().parent
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO, tiny_classifier
-from vit.checkpoint import load_checkpoint
-from vit.cli import train_main
+from tests.helpers import REPO, tiny_classifier
+from vit.commands.train import train_main
+from vit.io.checkpoint import load_checkpoint
 
 CPU60 = REPO / "experiments" / "cpu60.yaml"
 # the recipe's model at a test's size: every feature on (SPT, LSA, the 2-D position start,
@@ -44,7 +44,7 @@ def recipe_config(
             args["minutes"] = budget
         callbacks.append(callback)
     if kill is not None:
-        callbacks.append({"class_path": "tests.conftest.KillAtStep", "init_args": {"step": kill}})
+        callbacks.append({"class_path": "tests.helpers.KillAtStep", "init_args": {"step": kill}})
     trainer.update(
         callbacks=callbacks,
         max_epochs=3,
@@ -68,8 +68,8 @@ def recipe_config(
 
 def run_killed(config: Path) -> None:
     """vit-train fit -c config in a child process, which SIGKILLs itself (KillAtStep)."""
-    code = f"from vit.cli import train_main; train_main(['fit', '-c', {str(config)!r}])"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # tests.conftest.KillAtStep, by class path
+    code = f"from vit.commands.train import train_main; train_main(['fit', '-c', {str(config)!r}])"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # tests.helpers.KillAtStep, by class path
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
     )
@@ -123,7 +123,7 @@ def test_budget_run_resumes_with_the_time_used_and_its_schedule_goes_on(
 ) -> None:
     """A wall-clock-budget run killed mid-epoch resumes with the time it had used restored, and
     its learning rate goes on from there instead of warming up again."""
-    from vit.callbacks import TimeBudget
+    from vit.train.callbacks.budget import TimeBudget
 
     data = make_image_tree(tmp_path / "data", train_per_class=30)
     # a long warm-up over a minute: the lr rises with the time used, so a clock started again
@@ -146,7 +146,7 @@ def test_budget_run_resumes_with_the_time_used_and_its_schedule_goes_on(
             if not first_lr:
                 first_lr.append(trainer.optimizers[0].param_groups[-1]["lr"])
 
-    monkeypatch.setattr("vit.callbacks.TimeBudget", Watch)
+    monkeypatch.setattr("vit.train.callbacks.TimeBudget", Watch)
     config = recipe_config(tmp_path, data, tmp_path / "b", budget=1.0)
     train_main(["fit", "-c", str(config), "--ckpt_path=last", "--trainer.max_steps=16"])
     assert restored == [saved["elapsed_s"]]
@@ -161,7 +161,7 @@ def test_disk_full_during_a_save_leaves_the_previous_last_checkpoint(image_tree,
     from fsspec.implementations.local import LocalFileOpener
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from vit.data import CIFAR10DataModule
+    from vit.train.datamodule import CIFAR10DataModule
 
     dm = CIFAR10DataModule(
         data_dir=str(image_tree), cache_dir=str(tmp_path / "cache"), batch_size=8, val_size=6
@@ -195,7 +195,7 @@ def test_last_checkpoint_is_written_by_step_and_at_every_epoch_end(tmp_path) -> 
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
-    from vit.callbacks import LastCheckpoint
+    from vit.train.callbacks.checkpointing import LastCheckpoint
 
     steps_seen = []
 

@@ -1,11 +1,11 @@
-"""The learning-rate schedule and the stage lists of the curricula (vit/schedule.py)."""
+"""The learning-rate schedule and the stage lists of the curricula (vit/train/schedule.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from vit.schedule import ScheduleConfig, WarmupCosine, check_stages, lr_scheduler, stage_value
+from vit.train.schedule import ScheduleConfig, WarmupCosine, check_stages, lr_scheduler, stage_value
 
 
 def test_warmup_then_cosine_reaches_the_floor_at_the_end() -> None:

@@ -1,15 +1,18 @@
-"""The weights shipped in the package score on CIFAR-10's test split what their metadata says."""
+"""The weights shipped in the package score on CIFAR-10's test split what the run they came from
+recorded (experiments/record/results/<run>/metrics_test.json), and their metadata says the same."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import CIFAR_ARCHIVE
-from vit.pretrained import PRETRAINED, resolve
+from tests.helpers import CIFAR_ARCHIVE, REPO
+from vit.io.pretrained import PRETRAINED, resolve
 
 NAME = "vit-tiny-d4-cifar10-cpu60"
+RUN = REPO / "experiments" / "record" / "results" / "2026-11-27-amx-seed0"  # the run they came from
 
 
 def metadata(name: str) -> dict[str, str]:
@@ -17,6 +20,11 @@ def metadata(name: str) -> dict[str, str]:
 
     with safe_open(str(resolve(name)), framework="pt") as f:
         return f.metadata()
+
+
+def recorded() -> dict:
+    """The run's stored test metrics (vit-evaluate's metrics_test.json), not the weights' word."""
+    return json.loads((RUN / "metrics_test.json").read_text())
 
 
 def test_the_shipped_weights_say_how_they_were_made() -> None:
@@ -34,13 +42,21 @@ def test_the_shipped_weights_say_how_they_were_made() -> None:
     assert resolve(NAME).stat().st_size < 8_000_000  # a few MB
 
 
+def test_the_metadata_names_the_run_and_its_recorded_test_accuracy() -> None:
+    meta, run = metadata(NAME), recorded()
+    assert Path(meta["results"]).name == RUN.name  # the run folder (its parent has since moved)
+    assert (run["split"], run["num_images"], run["flip"]) == ("test", 10_000, False)
+    assert run["weights"] == meta["weights"] == "average"
+    assert float(meta["test_top1"]) == run["top1"]  # 0.8529: swapped metadata would differ
+
+
 @pytest.mark.skipif(not CIFAR_ARCHIVE.is_file(), reason=f"needs the JPEG copy at {CIFAR_ARCHIVE}")
 def test_the_shipped_weights_score_their_recorded_test_accuracy(tmp_path) -> None:
-    from vit.cli import run_evaluate
+    from vit.commands.evaluate import run_evaluate
 
     result = run_evaluate(
         [NAME, "--data-dir", str(CIFAR_ARCHIVE), "--cache-dir", str(tmp_path / "cache"),
          "--output-dir", str(tmp_path / "eval")]
     )  # fmt: skip
     assert result["num_images"] == 10_000
-    assert abs(result["top1"] - float(metadata(NAME)["test_top1"])) <= 0.0005  # 0.05 points
+    assert abs(result["top1"] - recorded()["top1"]) <= 0.0005  # 0.05 points of the stored run's

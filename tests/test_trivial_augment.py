@@ -8,7 +8,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from vit.trivial_augment import OPS, SIGNED, apply_op, magnitudes, trivial_augment_batch
+from vit.data.trivial_augment import OPS, SIGNED, apply_op, magnitudes, trivial_augment_batch
 
 
 def reference(op: str, image: torch.Tensor, m: float) -> torch.Tensor:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import train_args
-from vit.callbacks import AttentionMapLogger
-from vit.cli import train_main
-from vit.visualize import run_visualize
+from tests.helpers import train_args
+from vit.commands.train import train_main
+from vit.commands.visualize import run_visualize
+from vit.train.callbacks.pictures import AttentionMapLogger
 
 
 def _size(path: Path) -> tuple[int, int]:
@@ -84,7 +84,7 @@ def test_callback_logs_attention_images_to_tensorboard(image_tree: Path, tmp_pat
 
     callbacks = (
         '[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"}, '
-        '{"class_path": "vit.callbacks.AttentionMapLogger", '
+        '{"class_path": "vit.train.callbacks.AttentionMapLogger", '
         '"init_args": {"every_n_epochs": 1, "num_images": 2}}]'
     )
     args = train_args(image_tree, tmp_path / "runs", "--trainer.max_epochs=1")
@@ -101,7 +101,7 @@ def test_save_figure_writes_the_png_and_closes_the_figure(tmp_path: Path) -> Non
     import matplotlib.pyplot as plt
     import torch
 
-    from vit.plots import plot_confusion_matrix, save_figure
+    from vit.maps.plots import plot_confusion_matrix, save_figure
 
     fig = plot_confusion_matrix(torch.eye(3, dtype=torch.long), classes=["a", "b", "c"])
     assert fig.number in plt.get_fignums()

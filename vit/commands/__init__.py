@@ -1,0 +1,2 @@
+"""The console commands (vit-train, vit-evaluate, vit-visualize, vit-explore). Only
+vit.commands.entry, the console scripts' target, imports them; this package imports nothing."""

@@ -1,0 +1,56 @@
+"""The console commands' targets: process-wide switches first, then the command.
+
+MKL's AVX2 kernels on AMD CPUs (vit/system/mkl_amd.py) only switch on before torch loads, so this module
+imports no torch and nothing that does: each target switches, then imports its command. `python -m
+vit.commands.entry` is vit-train (how DDP relaunches it). VIT_MKL_AVX2=0 leaves MKL as torch ships it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vit.system import mkl_amd
+
+
+def train() -> None:
+    """`vit-train`: the LightningCLI (vit/commands/), which logs the switch's status as a run starts."""
+    mkl_amd.enable()
+    from vit.commands.train import train_main
+
+    train_main()
+
+
+def evaluate() -> None:
+    """`vit-evaluate`: a checkpoint's metrics JSON and confusion matrix (vit/commands/)."""
+    switch_mkl()
+    from vit.commands.evaluate import evaluate_main
+
+    evaluate_main()
+
+
+def visualize() -> None:
+    """`vit-visualize`: attention pictures from a checkpoint (vit/commands/visualize.py)."""
+    switch_mkl()
+    from vit.commands.visualize import visualize_main
+
+    visualize_main()
+
+
+def explore() -> None:
+    """`vit-explore`: one self-contained HTML page to look inside attention (vit/commands/explore.py)."""
+    switch_mkl()
+    from vit.commands.explore import explore_main
+
+    explore_main()
+
+
+def switch_mkl() -> None:
+    """The switch, logged once, for the commands that log plain messages (scripts/benchmark.py
+    too); call it before anything imports torch."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    mkl_amd.enable()
+    mkl_amd.report()
+
+
+if __name__ == "__main__":
+    train()

@@ -1,0 +1,141 @@
+"""`vit-evaluate`: a checkpoint's top-1, top-5, per-class accuracy and confusion matrix on a
+split, as JSON and a figure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vit.data.datasets import preprocess
+from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
+from vit.io.load import load_model, weights_kind
+from vit.io.pretrained import PRETRAINED
+from vit.system.errors import exit_on_user_error
+from vit.system.hardware import resolve_device
+from vit.train.datamodule import CIFAR10DataModule
+from vit.train.evaluation import evaluate_loader
+
+log = logging.getLogger(__name__)
+
+
+def evaluate_main(argv: list[str] | None = None) -> None:
+    """`vit-evaluate CHECKPOINT [--split test] [--data-dir ...] [--output-dir ...]`."""
+    exit_on_user_error(lambda: run_evaluate(argv))
+
+
+def default_eval_dir(checkpoint: Path) -> Path:
+    """eval/ beside a run's checkpoints/ folder, or beside a .safetensors; eval/NAME in the working
+    folder for shipped weights, which live inside the installed package."""
+    if str(checkpoint) in PRETRAINED:
+        return Path("eval") / str(checkpoint)
+    if checkpoint.suffix == ".safetensors":
+        return checkpoint.parent / "eval"
+    return checkpoint.parent.parent / "eval"
+
+
+def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
+    """What `vit-evaluate` does; returns the metrics it printed and wrote."""
+    parser = argparse.ArgumentParser(
+        prog="vit-evaluate",
+        description="Top-1, top-5 and per-class accuracy of a checkpoint, written as JSON, with a "
+        "confusion-matrix PNG.",
+    )
+    parser.add_argument("checkpoint", type=Path, help=CHECKPOINT_HELP)
+    parser.add_argument("--split", choices=("test", "val"), default="test")
+    parser.add_argument(
+        "--source",
+        choices=("folder", "cifar10"),
+        default=None,
+        help="data source (default: the one the checkpoint was trained with)",
+    )
+    parser.add_argument(
+        "--data-dir", default=None, help="data folder or archive (default: as trained)"
+    )
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument(
+        "--precision",
+        choices=("32", "bf16"),
+        default="32",
+        help="bf16 is faster on GPUs and CPUs with native bf16 (AVX512-BF16, AMX), many times "
+        "slower on AVX2-only CPUs",
+    )
+    parser.add_argument(
+        "--flip",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="test-time flip: average the logits of each image and its mirror "
+        "(default: the checkpoint's model.test_flip)",
+    )
+    parser.add_argument("--weights", choices=WEIGHTS, default=None, help=WEIGHTS_HELP)
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="where to run: auto (a CUDA GPU when one is visible, else the CPU), cpu, cuda or "
+        "cuda:N",
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="where metrics.json and confusion_matrix.png go (default: an eval/ folder beside "
+        "the checkpoint; eval/NAME for shipped weights)",
+    )
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    device = resolve_device(ns.device)  # before the checkpoint loads: a typo fails at once
+    model, ckpt = load_model(ns.checkpoint, weights=ns.weights)
+    model.to(device)
+    weights = ns.weights or weights_kind(ckpt)
+    hparams = ckpt.get("hyper_parameters") or {}
+    dm = CIFAR10DataModule.from_checkpoint(
+        ckpt,
+        source=ns.source,
+        data_dir=ns.data_dir,
+        cache_dir=ns.cache_dir,
+        eval_batch_size=ns.batch_size,
+    )
+    del ckpt  # optimizer state: not needed here
+    dm.prepare_data()
+    dm.setup("test" if ns.split == "test" else "validate")
+    loader = dm.test_dataloader() if ns.split == "test" else dm.val_dataloader()
+    classes = list(hparams.get("class_names") or dm.classes)
+    flip = bool(hparams.get("test_flip", False)) if ns.flip is None else ns.flip
+    result = evaluate_loader(
+        model,
+        loader,
+        preprocess=preprocess,
+        classes=classes,
+        dtype=torch.bfloat16 if ns.precision == "bf16" else None,
+        flip=flip,
+    )
+    result.update(
+        checkpoint=str(ns.checkpoint),
+        split=ns.split,
+        weights=weights,
+        flip=flip,
+        device=str(device),
+        data=dict(dm.hparams),
+    )
+
+    out = ns.output_dir or default_eval_dir(ns.checkpoint)
+    out.mkdir(parents=True, exist_ok=True)
+    from vit.maps.plots import plot_confusion_matrix, save_figure  # matplotlib only for figures
+
+    confusion = result.pop("confusion_matrix")
+    fig = plot_confusion_matrix(
+        torch.tensor(confusion), classes=classes, title=f"{ns.split}: top-1 {result['top1']:.2%}"
+    )
+    stem = ns.split if ns.weights is None else f"{ns.split}_{ns.weights}"  # one file per choice
+    save_figure(fig, out / f"confusion_matrix_{stem}.png", dpi=120, bbox_inches="tight")
+    result["confusion_matrix"] = confusion
+    (out / f"metrics_{stem}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "confusion_matrix"}, indent=2))
+    print(f"wrote {out / f'metrics_{stem}.json'} and {out / f'confusion_matrix_{stem}.png'}")
+    return result

@@ -1,0 +1,191 @@
+"""Batched augmentation on uint8 image tensors (B, C, H, W): crop, flip, normalize whole batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vit.data.trivial_augment import to_device, trivial_augment_batch
+
+
+def _check_batch(images: Tensor, *, name: str) -> None:
+    if not isinstance(images, Tensor) or images.dim() != 4:
+        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise ValueError(
+            f"{name} expects a batch of images shaped (B, C, H, W), got {shape}; "
+            "add a batch dimension with images.unsqueeze(0) for a single image."
+        )
+
+
+def _draw_device(images: Tensor, generator: torch.Generator | None) -> torch.device:
+    """Draw on the generator's device: a CPU generator may drive a GPU batch."""
+    return generator.device if generator is not None else images.device
+
+
+def _expand_channels(index: Tensor, *, channels: int) -> Tensor:
+    """(B, H, W) plane indices -> (B, C, H*W), the same for every channel."""
+    b = index.shape[0]
+    return index.reshape(b, 1, -1).expand(b, channels, -1)
+
+
+def random_crop(
+    images: Tensor, *, padding: int = 4, generator: torch.Generator | None = None
+) -> Tensor:
+    """Zero-pad each image by `padding` on every side, then cut a random H x W window per image.
+
+    Every image gets its own offsets; the crop is one gather, with no Python loop over images.
+    """
+    _check_batch(images, name="random_crop")
+    if padding < 0:
+        raise ValueError(f"random_crop padding must be >= 0, got {padding}; use 0 to disable it.")
+    if padding == 0:
+        return images
+    b, c, h, w = images.shape
+    hp, wp = h + 2 * padding, w + 2 * padding
+    padded = F.pad(images, (padding, padding, padding, padding))  # (B, C, Hp, Wp)
+    device = _draw_device(images, generator)
+    offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator, device=device)
+    top, left = to_device(offsets, images.device)  # (B,), (B,): window corners in [0, 2p]
+    rows = top[:, None] + torch.arange(h, device=images.device)  # (B, H)
+    cols = left[:, None] + torch.arange(w, device=images.device)  # (B, W)
+    # flat index of each window pixel in the (Hp * Wp) plane: one gather, cheaper on a CPU than
+    # 4-D advanced indexing
+    flat = _expand_channels(rows[:, :, None] * wp + cols[:, None, :], channels=c)  # (B, C, H*W)
+    out = padded.reshape(b, c, hp * wp).gather(2, flat)
+    return out.view(b, c, h, w)
+
+
+def random_hflip(
+    images: Tensor, *, p: float = 0.5, generator: torch.Generator | None = None
+) -> Tensor:
+    """Mirror each image left-right with probability `p`, drawn independently per image."""
+    _check_batch(images, name="random_hflip")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"random_hflip p must be a probability in [0, 1], got {p}.")
+    b, c, h, w = images.shape
+    device = _draw_device(images, generator)
+    flip = to_device(torch.rand(b, generator=generator, device=device), images.device) < p
+    j = torch.arange(w, device=images.device)
+    cols = torch.where(flip[:, None], w - 1 - j, j)  # (B, W): source column of each output column
+    # a gather keeps it free of host syncs on GPU (unlike boolean indexing) and beats torch.where
+    # over two full batches on CPU
+    return images.gather(3, cols[:, None, None, :].expand(b, c, h, w))
+
+
+def normalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """uint8 images -> float32 in [0, 1] -> (x - mean) / std per channel."""
+    _check_batch(images, name="normalize")
+    if images.dtype != torch.uint8:
+        raise ValueError(
+            f"normalize expects uint8 images (0-255), got dtype {images.dtype}; "
+            "pass the raw uint8 batch, it divides by 255 itself."
+        )
+    channels = images.shape[1]
+    if len(mean) != channels or len(std) != channels:
+        raise ValueError(
+            f"normalize got {len(mean)} means and {len(std)} stds for {channels} channels; "
+            "give one mean and one std per channel."
+        )
+    if any(s <= 0 for s in std):
+        raise ValueError(f"normalize std values must all be > 0, got {tuple(std)}.")
+    mean_t = to_device(torch.tensor(mean, dtype=torch.float32), images.device).view(1, -1, 1, 1)
+    std_t = to_device(torch.tensor(std, dtype=torch.float32), images.device).view(1, -1, 1, 1)
+    return images.float().div_(255.0).sub_(mean_t).div_(std_t)
+
+
+def trivial_augment(images: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+    """TrivialAugment (https://arxiv.org/abs/2103.10158), one op and strength drawn per image.
+
+    torchvision's ops and magnitudes, run batched per op (vit/data/trivial_augment.py); the draws come
+    from `generator` alone, so a resumed run augments alike and the global RNG is untouched.
+    """
+    _check_batch(images, name="trivial_augment")
+    if images.dtype != torch.uint8:
+        raise ValueError(f"trivial_augment expects uint8 images, got dtype {images.dtype}.")
+    return trivial_augment_batch(images, generator=generator)
+
+
+def check_mix_args(mixup_alpha: float, cutmix_alpha: float, prob: float) -> None:
+    """Raise, with the fix, unless both alphas are >= 0 and the mixing probability is in [0, 1]."""
+    if mixup_alpha < 0 or cutmix_alpha < 0 or not 0 <= prob <= 1:
+        raise ValueError(
+            f"mixup_alpha={mixup_alpha} and cutmix_alpha={cutmix_alpha} must be >= 0 (0 turns "
+            f"each off; 0.8 and 1.0 are DeiT's) and mix_prob={prob} in [0, 1]."
+        )
+
+
+def mix_batch(
+    images: Tensor,
+    labels: Tensor,
+    *,
+    num_classes: int,
+    mixup_alpha: float = 0.0,
+    cutmix_alpha: float = 0.0,
+    prob: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Mixup (https://arxiv.org/abs/1710.09412) or CutMix (https://arxiv.org/abs/1905.04899).
+
+    Each image is mixed with the batch's mirror order (image i with image B-1-i), one lambda per
+    batch drawn from Beta(alpha, alpha); with both alphas set, each batch picks one at even odds.
+    Returns the images and (B, num_classes) soft targets whose weights match what each image shows
+    (for CutMix, the pasted area). With probability 1 - prob, or both alphas 0, only one-hot.
+    """
+    _check_batch(images, name="mix_batch")
+    check_mix_args(mixup_alpha, cutmix_alpha, prob)
+    targets = F.one_hot(labels, num_classes).to(torch.float32)
+    # drawn on the CPU unless the generator is elsewhere: reading GPU draws would wait for the GPU
+    draws = torch.rand(3, generator=generator, device=generator.device if generator else None)
+    draws = draws.tolist()
+    if (mixup_alpha == 0 and cutmix_alpha == 0) or draws[0] >= prob:
+        return images, targets
+    use_cutmix = cutmix_alpha > 0 and (mixup_alpha == 0 or draws[1] < 0.5)
+    alpha = cutmix_alpha if use_cutmix else mixup_alpha
+    seed = int(draws[2] * 2**53)
+    lam = float(np.random.default_rng(seed).beta(alpha, alpha))  # torch's Beta takes no generator
+    other = images.flip(0)
+    if use_cutmix:  # paste a box of area ~(1 - lam) from the other image, centred anywhere
+        h, w = images.shape[-2:]
+        rng = np.random.default_rng(seed + 1)
+        ch, cw = int(h * (1 - lam) ** 0.5), int(w * (1 - lam) ** 0.5)
+        cy, cx = int(rng.integers(0, h)), int(rng.integers(0, w))
+        top, bottom = max(cy - ch // 2, 0), min(cy + ch - ch // 2, h)
+        left, right = max(cx - cw // 2, 0), min(cx + cw - cw // 2, w)
+        images = images.clone()
+        images[..., top:bottom, left:right] = other[..., top:bottom, left:right]
+        lam = 1 - (bottom - top) * (right - left) / (h * w)  # what is really shown
+    else:
+        images = images * lam + other * (1 - lam)
+    return images, targets * lam + targets.flip(0) * (1 - lam)
+
+
+class TrainAugment(nn.Module):
+    """The CIFAR-10 training augmentation: random crop with zero padding, random flip, and
+    (optional) TrivialAugment."""
+
+    def __init__(self, *, padding: int = 4, hflip: bool = True, trivial: bool = False) -> None:
+        super().__init__()
+        if not isinstance(padding, int) or padding < 0:
+            raise ValueError(
+                f"TrainAugment padding must be an int >= 0, got {padding!r}; "
+                "use 0 to turn cropping off."
+            )
+        self.padding = padding
+        self.hflip = bool(hflip)
+        self.trivial = bool(trivial)
+
+    def forward(self, images: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+        """(B, C, H, W) uint8 -> (B, C, H, W) uint8, augmented per image."""
+        images = random_crop(images, padding=self.padding, generator=generator)
+        if self.hflip:
+            images = random_hflip(images, p=0.5, generator=generator)
+        if self.trivial:
+            images = trivial_augment(images, generator=generator)
+        return images
+
+    def extra_repr(self) -> str:
+        return f"padding={self.padding}, hflip={self.hflip}, trivial={self.trivial}"

@@ -1,0 +1,98 @@
+"""In-memory image datasets: uint8 tensors, batched reads, the training split's seeded
+augmentation in the loader, and normalisation for evaluation."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, default_collate
+
+from vit.data.augment import TrainAugment, normalize
+
+log = logging.getLogger(__name__)
+
+
+CIFAR10_CLASSES = tuple("airplane automobile bird cat deer dog frog horse ship truck".split())
+
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+
+
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+
+def preprocess(images: Tensor) -> Tensor:
+    """uint8 (B, 3, H, W) -> float32 normalized with the CIFAR-10 mean and std (no augmentation)."""
+    return normalize(images, CIFAR10_MEAN, CIFAR10_STD)
+
+
+class TensorImageDataset(Dataset):
+    """uint8 images (N, 3, H, W) and int64 labels (N,) in memory; a batch is one indexing op."""
+
+    def __init__(self, images: Tensor, labels: Tensor) -> None:
+        if images.dim() != 4 or images.dtype != torch.uint8:
+            raise ValueError(
+                f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}."
+            )
+        if labels.shape != (images.shape[0],):
+            raise ValueError(
+                f"labels must be shaped ({images.shape[0]},) like the images, "
+                f"got {tuple(labels.shape)}."
+            )
+        self.images = images
+        self.labels = labels.long()
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        """A whole batch at once; torch's DataLoader fetcher calls this instead of __getitem__."""
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return self.images[idx], self.labels[idx]  # (B, 3, H, W), (B,)
+
+
+def batch_seed(indices: list[int], seed: int) -> int:
+    """A 63-bit seed from a batch's indices and the data seed: the same batch draws alike in any
+    process or after a resume; the next epoch's batches (a new permutation) draw afresh."""
+    digest = hashlib.blake2b(
+        torch.as_tensor(indices, dtype=torch.long).numpy().tobytes(),
+        digest_size=8,
+        key=int(seed).to_bytes(8, "little"),
+    ).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class AugmentedDataset(Dataset):
+    """Training batches augmented on the CPU as they are gathered: in the DataLoader's worker
+    processes when num_workers > 0, so that on a GPU the augmentation runs beside the step
+    instead of in it. Draws are seeded per batch by `batch_seed`."""
+
+    def __init__(self, base: TensorImageDataset, augment: TrainAugment, *, seed: int) -> None:
+        self.base, self.augment, self.seed = base, augment, seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        images, labels = self.__getitems__([index])
+        return images[0], labels[0]
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        images, labels = self.base.__getitems__(indices)
+        generator = torch.Generator().manual_seed(batch_seed(indices, self.seed))
+        return self.augment(images, generator=generator), labels
+
+
+def collate_batch(batch: Any) -> Any:
+    """Pass an (images, labels) batch from `__getitems__` through; default-collate anything else."""
+    if isinstance(batch, tuple) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
+        if batch[0].dim() == 4 and batch[1].dim() == 1:
+            return batch
+    return default_collate(batch)

@@ -1,0 +1,50 @@
+"""Trained weights shipped inside the package, by name: look inside a model without training one.
+
+Standard library only, so vit.io can resolve a name before it loads anything. Each file is
+plain safetensors written by vit.io.load.export_safetensors: weights, the model config, the
+class names, and how the weights were made (recipe, test_top1, data, trained_on, command).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"  # shipped as package data
+PRETRAINED: dict[str, str] = {
+    "vit-tiny-d4-cifar10-cpu60": "vit-tiny-d4-cifar10-cpu60.safetensors",
+}
+
+
+class WeightsNotFoundError(FileNotFoundError, ValueError):
+    """Neither a file nor a shipped name: a missing file to callers that catch FileNotFoundError,
+    a bad value to those that catch ValueError."""
+
+
+def available() -> str:
+    """The shipped names, for error messages."""
+    return ", ".join(sorted(PRETRAINED))
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """The file behind a shipped weights name, or `name_or_path` itself when it exists.
+
+    A name wins over a local file of the same name. Anything else raises WeightsNotFoundError
+    naming the path and listing the names available.
+    """
+    key = str(name_or_path)
+    if key in PRETRAINED:
+        path = WEIGHTS_DIR / PRETRAINED[key]
+        if not path.is_file():
+            raise WeightsNotFoundError(
+                f"the shipped weights {key!r} are missing from this install (expected "
+                f"{str(path)!r}); reinstall the package (pip install -e .) from a complete clone."
+            )
+        return path
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    raise WeightsNotFoundError(
+        f"checkpoint {key!r} does not exist, and it is not the name of shipped weights either. "
+        f"Pass a .ckpt written by vit-train, a .safetensors file from export_safetensors, or one "
+        f"of the names available: {available()}."
+    )

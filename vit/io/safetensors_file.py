@@ -1,0 +1,72 @@
+"""Plain weights as safetensors (a format that cannot hold code), with the model config in the
+file's metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from vit.io.checkpoint import _existing_file
+from vit.io.state_dict import _check_overrides, fit_state_dict
+from vit.model.vision_transformer import VisionTransformer
+
+SAFETENSORS_FORMAT = "vit.VisionTransformer"  # the `format` entry of exported files' metadata
+
+
+def load_safetensors(path: str | Path, **overrides: Any) -> VisionTransformer:
+    """Rebuild a VisionTransformer (eval mode) from a file written by export_safetensors.
+
+    `overrides` replace constructor arguments, as in load_model (e.g. `img_size=48`).
+    """
+    _check_overrides(overrides)
+    return _safetensors_model(path, overrides)[0]
+
+
+def _safetensors_model(
+    path: str | Path, overrides: dict[str, Any]
+) -> tuple[VisionTransformer, dict[str, str]]:
+    """The model of an export_safetensors file (eval mode), and the file's metadata."""
+    state, metadata = _read_safetensors(path)
+    if metadata.get("format") != SAFETENSORS_FORMAT or "config" not in metadata:
+        raise ValueError(
+            f"{str(path)!r} has no vit model config in its metadata (found keys "
+            f"{sorted(metadata)}); it was not written by export_safetensors. Build the model "
+            f"yourself and call load_weights(model, path)."
+        )
+    model = VisionTransformer(**{**json.loads(metadata["config"]), **overrides})
+    fit_state_dict(model, state, source=str(path))
+    return model.eval(), metadata
+
+
+def _read_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Tensors and metadata of a safetensors file (a format that cannot hold code)."""
+    from safetensors import SafetensorError, safe_open
+
+    path = _existing_file(path)
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(
+            f"{str(path)!r} is not a readable safetensors file (truncated, corrupt or another "
+            f"format?): {err}"
+        ) from None
+
+
+def safetensors_info(metadata: dict[str, str]) -> dict[str, Any]:
+    """What load_model returns beside a .safetensors model, in a checkpoint's shape, so the
+    commands read both alike: `hyper_parameters` (class_names, test_flip off),
+    `datamodule_hyper_parameters` (the image size it was trained at; every other data setting
+    takes CIFAR10DataModule's default) and `safetensors_metadata` (the file's metadata as is)."""
+    names = metadata.get("class_names")
+    return {
+        "hyper_parameters": {
+            "class_names": json.loads(names) if names else None,
+            "test_flip": False,
+        },
+        "datamodule_hyper_parameters": {"image_size": json.loads(metadata["config"])["img_size"]},
+        "safetensors_metadata": dict(metadata),
+    }

@@ -1,0 +1,174 @@
+"""Figures: confusion matrix, attention overlays and map grids. Matplotlib (headless) and torch."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed; figures are written to files
+
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+from vit.data.datasets import preprocess
+from vit.maps.capture import attention_maps, patch_grid, query_map
+from vit.maps.rollout import rollout_map
+from vit.model.vision_transformer import VisionTransformer
+
+
+def save_figure(fig: Figure, path, **savefig_kwargs) -> None:
+    """Write a figure to a file and close it, so that a script writing many keeps none open."""
+    try:
+        fig.savefig(path, **savefig_kwargs)
+    finally:
+        plt.close(fig)
+
+
+def plot_confusion_matrix(confusion: Tensor, *, classes: list[str], title: str = "") -> Figure:
+    """Row-normalised confusion matrix (rows: true class, columns: predicted), counts annotated."""
+    counts = confusion.float()
+    rates = counts / counts.sum(dim=1, keepdim=True).clamp(min=1)
+    n = len(classes)
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n))
+    ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(n), classes, rotation=45, ha="right")
+    ax.set_yticks(range(n), classes)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    for i in range(n):
+        for j in range(n):
+            color = "white" if rates[i, j] > 0.5 else "black"
+            ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", fontsize=7, color=color)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def _show_image(ax: plt.Axes, image: Tensor) -> None:
+    """Draw a (3, H, W) uint8 or [0, 1] float image."""
+    img = image.detach().cpu()
+    img = img.float() / 255 if img.dtype == torch.uint8 else img.float().clamp(0, 1)
+    ax.imshow(img.permute(1, 2, 0).numpy(), interpolation="nearest")
+    ax.axis("off")
+
+
+def upsample(maps: Tensor, size: tuple[int, int]) -> Tensor:
+    """(B, g_h, g_w) patch maps -> (B, H, W), bilinear (smooth) to the image size."""
+    return F.interpolate(maps[:, None].float(), size=size, mode="bilinear", align_corners=False)[
+        :, 0
+    ]
+
+
+def plot_overlays(
+    images: Tensor, maps: Tensor, *, titles: list[str], alpha: float = 0.5, cmap: str = "jet"
+) -> Figure:
+    """A row per image: the image, and the image with the map overlaid (upsampled smoothly)."""
+    heat = upsample(maps, tuple(images.shape[-2:]))
+    fig, axes = plt.subplots(len(images), 2, figsize=(4.2, 2.1 * len(images)), squeeze=False)
+    for row, (image, h, title) in enumerate(zip(images, heat, titles, strict=True)):
+        _show_image(axes[row, 0], image)
+        axes[row, 0].set_title(title, fontsize=8)
+        _show_image(axes[row, 1], image)
+        axes[row, 1].imshow(h.cpu().numpy(), cmap=cmap, alpha=alpha, vmin=0, vmax=1)
+        axes[row, 1].set_title("rollout", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_map_grid(
+    image: Tensor, maps: Tensor, *, title: str, row_labels: list[str], col_labels: list[str]
+) -> Figure:
+    """The image, then a grid of patch maps (rows x cols x g_h x g_w), each scaled to its own max."""
+    rows, cols = maps.shape[:2]
+    fig, axes = plt.subplots(rows, cols + 1, figsize=(1.5 * (cols + 1), 1.5 * rows), squeeze=False)
+    for r in range(rows):
+        if r == 0:
+            _show_image(axes[0, 0], image)
+        else:
+            axes[r, 0].axis("off")
+        for c in range(cols):
+            ax = axes[r, c + 1]
+            m = maps[r, c].float().cpu()
+            ax.imshow(
+                (m / m.max().clamp(min=1e-12)).numpy(), cmap="viridis", interpolation="nearest"
+            )
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(col_labels[c], fontsize=7)
+            if c == 0:
+                ax.set_ylabel(row_labels[r], fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_learning_curves(
+    curves: dict[str, tuple[list[float], list[float]]],
+    *,
+    title: str = "",
+    ylabel: str = "val/acc",
+    xlabel: str = "wall-clock minutes of training",
+) -> Figure:
+    """One line per run: y (e.g. validation accuracy) against wall-clock minutes (or steps)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (minutes, values) in curves.items():
+        ax.plot(minutes, values, marker="o", markersize=3, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def render(
+    model: VisionTransformer,
+    images: Tensor,
+    *,
+    classes: list[str],
+    labels: Tensor | None,
+    layer: int = -1,
+    **rollout_kwargs,
+) -> dict[str, object]:
+    """Figures for uint8 images: {"rollout": fig, "heads_layerL_i": fig, "layers_heads_i": fig}."""
+    from vit.maps.plots import plot_map_grid, plot_overlays  # matplotlib only when drawing
+
+    was_training = model.training
+    model.eval()  # no dropout in the pictures
+    with torch.inference_mode():
+        logits, maps = attention_maps(model, preprocess(images))
+    model.train(was_training)
+    grid, prefix = patch_grid(model), model.num_prefix_tokens
+    pred = logits.argmax(dim=-1)
+    titles = [
+        f"pred: {classes[p]}" + (f" / true: {classes[t]}" if labels is not None else "")
+        for p, t in zip(
+            pred.tolist(), (labels if labels is not None else pred).tolist(), strict=True
+        )
+    ]
+    roll = rollout_map(maps, grid=grid, num_prefix_tokens=prefix, **rollout_kwargs)
+    per_layer = torch.stack([query_map(w, grid=grid, num_prefix_tokens=prefix) for w in maps], 1)
+    depth, heads = per_layer.shape[1:3]  # per_layer: (B, layers, heads, g, g)
+    layer = layer % depth
+    figures: dict[str, object] = {"rollout": plot_overlays(images, roll, titles=titles)}
+    head_labels = [f"head {h}" for h in range(heads)]
+    for i, title in enumerate(titles):
+        figures[f"heads_layer{layer}_{i}"] = plot_map_grid(
+            images[i],
+            per_layer[i, layer : layer + 1],
+            title=f"{title} (layer {layer})",
+            row_labels=[f"layer {layer}"],
+            col_labels=head_labels,
+        )
+        figures[f"layers_heads_{i}"] = plot_map_grid(
+            images[i],
+            per_layer[i],
+            title=title,
+            row_labels=[f"layer {j}" for j in range(depth)],
+            col_labels=head_labels,
+        )
+    return figures

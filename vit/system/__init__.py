@@ -1,0 +1,2 @@
+"""What the machine offers (bf16, a C++ compiler, the device), the MKL switch for AMD CPUs, the
+cache folder and the commands' error handling. Imports no other vit module."""

@@ -1,0 +1,82 @@
+"""What the machine offers (fast bfloat16, a CUDA device, a C++ compiler): the one home of
+hardware probes.
+
+It imports no other vit module, so anything in vit (the optimizer, the commands) can ask it
+without pulling in the training stack.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Whether oneDNN has a bfloat16 path on this CPU: native on AVX512-BF16 / AMX, emulated on
+    plain AVX-512 (not measured here).
+
+    Without one (AVX2 only) PyTorch falls back to a reference kernel, many times slower than
+    float32 (experiments/record/benchmarks/fp32.md).
+    """
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def cpu_precision(precision: Any, accelerator: Any) -> Any:
+    """The precision to train with: a bf16 one becomes 32-true on a CPU without native bf16."""
+    on_cpu = accelerator == "cpu" or (
+        accelerator == "auto"
+        and not torch.cuda.is_available()
+        and not torch.backends.mps.is_available()
+    )
+    if not (on_cpu and str(precision).startswith("bf16")) or cpu_has_fast_bf16():
+        return precision
+    log.warning(
+        "trainer.precision=%s: this CPU has no native bfloat16 matrix products (no AVX512-BF16 "
+        "or AMX), where bf16 trains many times slower than float32 (experiments/record/benchmarks/"
+        "fp32.md); training in 32-true instead. Pass "
+        "--bf16_fallback false to keep %s.",
+        precision,
+        precision,
+    )
+    return "32-true"
+
+
+def resolve_device(name: str) -> torch.device:
+    """`--device`: auto (CUDA when visible, else CPU), cpu, cuda or cuda:N, checked here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N.")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--device {name}: no CUDA GPU is visible here; use --device cpu.")
+        if device.index is not None and device.index >= count:
+            raise ValueError(
+                f"--device {name}: this machine has {count} CUDA GPU(s), cuda:0 to "
+                f"cuda:{count - 1}."
+            )
+    return device
+
+
+def check_cpp_compiler() -> None:
+    """torch.compile's CPU code is C++ built at run time: fail at the start of the fit, with the
+    fix, where inductor would fail inside the first step."""
+    cxx = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")  # inductor's
+    if shutil.which(cxx) is None:
+        raise RuntimeError(
+            f"model.torch_compile needs a C++ compiler on CPU and {cxx!r} (the CXX variable, or "
+            f"the platform's default) is not on PATH: install one (e.g. apt install g++), point "
+            f"CXX at it, or set model.torch_compile: false."
+        )

@@ -1,0 +1,21 @@
+"""Lightning callbacks, one file per family: the wall-clock budget, the curricula, the weight
+average, checkpointing and its guard, and attention pictures. The recipes' YAML adds them by
+class path (vit.train.callbacks.TimeBudget, ...); vit-train adds FiniteLoss to every fit."""
+
+from vit.train.callbacks.budget import TimeBudget, fit_progress, time_budget
+from vit.train.callbacks.checkpointing import FiniteLoss, LastCheckpoint
+from vit.train.callbacks.curricula import PatchDropSchedule, ResolutionSchedule
+from vit.train.callbacks.ema import EMA
+from vit.train.callbacks.pictures import AttentionMapLogger
+
+__all__ = [
+    "EMA",
+    "AttentionMapLogger",
+    "FiniteLoss",
+    "LastCheckpoint",
+    "PatchDropSchedule",
+    "ResolutionSchedule",
+    "TimeBudget",
+    "fit_progress",
+    "time_budget",
+]

@@ -1,0 +1,313 @@
+"""CIFAR-10 data: the in-memory dataset and the DataModule over the `folder` and `cifar10` sources.
+
+By default (`source: auto`) the DataModule finds CIFAR-10 itself (vit/data/cifar10_source.py). Images
+live in memory as uint8 tensors (decoded once: vit/data/folder_source.py). Batches leave the
+DataLoader as uint8 and are augmented and normalized on the training device in
+`on_after_batch_transfer`; with `augment_in_loader` the training batches are augmented on the CPU
+where the loader gathers them (its worker processes, with num_workers > 0) instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import DataLoader
+from torchvision.transforms.v2.functional import resize
+
+from vit.data.augment import TrainAugment
+from vit.data.cifar10_source import Found, load_cifar10, locate
+from vit.data.datasets import (
+    CIFAR10_CLASSES,
+    AugmentedDataset,
+    TensorImageDataset,
+    collate_batch,
+    preprocess,
+)
+from vit.data.folder_source import (
+    SPLITS,
+    Loaded,
+    Split,
+    load_folder_source,
+    prepare_folder_source,
+)
+from vit.data.loader import ResumableDataLoader
+
+log = logging.getLogger(__name__)
+
+
+def _check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        none = " or None" if optional else ""
+        raise ValueError(
+            f"{name} must be an integer >= {minimum}{none}, got {value!r}; "
+            f"fix `{name}` in the data config."
+        )
+
+
+class CIFAR10DataModule(L.LightningDataModule):
+    """CIFAR-10 loaders of uint8 batches, augmented and normalized after the device transfer.
+
+    With `augment_in_loader` each batch's draws come from its own indices and the seed
+    (`batch_seed`) rather than from the step, so a resumed run still augments alike.
+
+    Args:
+        source: auto finds CIFAR-10 (order: vit/data/cifar10_source.py); folder or cifar10 read data_dir.
+        data_dir: an image folder or .tar.gz of one, or a folder holding cifar-10-batches-py.
+        cache_dir: where decoded tensors and downloads go (default $VIT_CACHE_DIR or ~/.cache/vit).
+        download: may torchvision fetch CIFAR-10? null: as auto's last resort only; false: never.
+        image_size: side the images are resized to; 32 keeps CIFAR-10's own pixels.
+        batch_size: training images per step and device; the recipes tune the learning rate with it.
+        eval_batch_size: images per validation or test batch (default: twice batch_size).
+        val_size: training-split images held out for validation; the test split stays untouched.
+        train_subset: train on this many of the remaining images (nested across sizes); null: all.
+        seed: seeds the batch order, the augmentation and (unless split_seed) the validation split.
+        split_seed: fixes the validation split apart from seed, to compare seeds on one split.
+        num_workers: loader processes; 0 suits in-memory data, more feed a GPU (augment_in_loader).
+        crop_padding: pixels padded before the random crop back to image_size; 0: no crop.
+        hflip: flip half the training images left to right.
+        trivial_augment: TrivialAugment per image, as in experiments/cifar10_full.yaml.
+        augment_in_loader: augment on the CPU as the loader gathers batches, not on the device.
+        drop_last: drop each epoch's last partial batch, so every step sees batch_size images.
+    """
+
+    def __init__(
+        self,
+        *,
+        source: Literal["auto", "folder", "cifar10"] = "auto",
+        data_dir: str | None = None,
+        cache_dir: str | None = None,
+        download: bool | None = None,
+        image_size: int = 32,
+        batch_size: int = 128,
+        eval_batch_size: int | None = None,
+        val_size: int = 5000,
+        train_subset: int | None = None,
+        seed: int = 0,
+        split_seed: int | None = None,
+        num_workers: int = 0,
+        crop_padding: int = 4,
+        hflip: bool = True,
+        trivial_augment: bool = False,
+        augment_in_loader: bool = False,
+        drop_last: bool = True,
+    ) -> None:
+        super().__init__()
+        if source not in ("auto", "folder", "cifar10"):
+            raise ValueError(
+                f"source must be 'auto', 'folder' or 'cifar10', got {source!r}; "
+                "fix `data.source` (auto finds CIFAR-10 by itself)."
+            )
+        _check_int("image_size", image_size, minimum=1)
+        _check_int("batch_size", batch_size, minimum=1)
+        _check_int("val_size", val_size, minimum=0)
+        _check_int("seed", seed, minimum=0)
+        _check_int("split_seed", split_seed, minimum=0, optional=True)
+        _check_int("num_workers", num_workers, minimum=0)
+        _check_int("crop_padding", crop_padding, minimum=0)
+        _check_int("eval_batch_size", eval_batch_size, minimum=1, optional=True)
+        _check_int("train_subset", train_subset, minimum=1, optional=True)
+        self.save_hyperparameters()
+        self.eval_batch_size = eval_batch_size or 2 * batch_size
+        self.train_augment = TrainAugment(
+            padding=crop_padding, hflip=hflip, trivial=trivial_augment
+        )
+        self.train_dataset: TensorImageDataset | None = None
+        self.val_dataset: TensorImageDataset | None = None
+        self.test_dataset: TensorImageDataset | None = None
+        self._classes: list[str] | None = None
+        self._found: Found | None = None
+        self._train_loader: ResumableDataLoader | None = None
+        self._resume_state: dict[str, int] | None = None
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict[str, Any], **overrides: Any) -> CIFAR10DataModule:
+        """The data module a vit-train checkpoint was trained with; overrides that are not None
+        replace its settings. A data_dir given without a source is classified as `auto` does; a
+        folder source saved at a path that is absent here (another machine) becomes the search."""
+        accepted = inspect.signature(cls.__init__).parameters
+        saved = ckpt.get("datamodule_hyper_parameters") or {}
+        args = {k: v for k, v in saved.items() if k in accepted}  # drops LightningCLI's own keys
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "data_dir" in given and "source" not in given:
+            given["source"] = "auto"
+        elif not {"data_dir", "source"} & set(given) and args.get("source") == "folder":
+            saved_dir = Path(args.get("data_dir") or "").expanduser()
+            if args.get("data_dir") and not saved_dir.exists():
+                log.warning("CIFAR-10 is not at %s as when trained; searching for it", saved_dir)
+                given |= {"source": "auto", "data_dir": None, "download": None}
+        return cls(**{**args, **given})
+
+    def locate(self, *, download: bool | None = None) -> Found:
+        """Where the data is read from (vit/data/cifar10_source.py's `locate`), found once and logged;
+        `download` overrides the configured permission for a search not yet run."""
+        if self._found is None:
+            hp = self.hparams
+            allowed = hp.download is not False if download is None else download
+            found = locate(hp.source, hp.data_dir, cache_dir=hp.cache_dir, download=allowed)
+            rank_zero_info(f"CIFAR-10: {found.source} source at {found.path} ({found.place})")
+            self._found = found
+        return self._found
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names in label order; known before setup (a folder source is decoded if needed)."""
+        if self._classes is None:
+            try:  # never a download here: that is prepare_data's, on one process per node
+                found = self.locate(download=False)
+            except ValueError:  # nothing yet: the search can only end in CIFAR-10's release
+                return list(CIFAR10_CLASSES)
+            if found.source == "cifar10":
+                self._classes = list(CIFAR10_CLASSES)
+            else:
+                self._classes = self._load("train", mmap=True)[2]
+        return self._classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def _load(self, split: Split, *, mmap: bool = False) -> Loaded:
+        hp, found = self.hparams, self.locate()
+        if found.source == "cifar10":
+            images, labels, classes = load_cifar10(found.path, split=split, download=self._fetch)
+            if images.shape[-1] != hp.image_size:
+                images = resize(images, [hp.image_size, hp.image_size], antialias=True)
+            return images, labels, classes
+        return load_folder_source(
+            found.path, split=split, image_size=hp.image_size, cache_dir=hp.cache_dir, mmap=mmap
+        )
+
+    @property
+    def _fetch(self) -> bool:
+        """Whether an explicit cifar10 source downloads what is missing (auto's search did)."""
+        return self.hparams.source == "cifar10" and bool(self.hparams.download)
+
+    def prepare_data(self) -> None:
+        """Find (auto), download (cifar10) or decode and cache (folder) once per node."""
+        hp, found = self.hparams, self.locate()
+        if found.source == "cifar10":
+            for split in SPLITS:
+                load_cifar10(found.path, split=split, download=self._fetch)
+        else:
+            prepare_folder_source(found.path, image_size=hp.image_size, cache_dir=hp.cache_dir)
+
+    def split_indices(self, num_images: int) -> tuple[Tensor, Tensor]:
+        """(train, val) indices into the training split: a seeded permutation, val taken first."""
+        hp = self.hparams
+        if hp.val_size >= num_images:
+            raise ValueError(
+                f"val_size={hp.val_size} leaves no training images: the training split has "
+                f"{num_images}; choose val_size < {num_images}."
+            )
+        split_seed = hp.seed if hp.split_seed is None else hp.split_seed
+        perm = torch.randperm(num_images, generator=torch.Generator().manual_seed(split_seed))
+        val, train = perm[: hp.val_size], perm[hp.val_size :]
+        if hp.train_subset is not None:
+            if hp.train_subset > len(train):
+                raise ValueError(
+                    f"train_subset={hp.train_subset} exceeds the {len(train)} training images "
+                    f"left after val_size={hp.val_size}; lower it or set it to None."
+                )
+            train = train[: hp.train_subset]  # nested: a smaller subset is part of a larger one
+        return train.sort().values, val.sort().values
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit", "validate") and self.train_dataset is None:
+            images, labels, self._classes = self._load("train")
+            train, val = self.split_indices(len(labels))
+            self.train_dataset = TensorImageDataset(images[train], labels[train])
+            self.val_dataset = TensorImageDataset(images[val], labels[val])
+        if stage in (None, "test", "predict") and self.test_dataset is None:
+            images, labels, self._classes = self._load("test")
+            self.test_dataset = TensorImageDataset(images, labels)
+
+    def _loader(
+        self, dataset: TensorImageDataset | None, *, stage: str, train: bool = False
+    ) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(
+                f"no {stage} data yet: call setup({stage!r}) before asking for its dataloader."
+            )
+        workers = self.hparams.num_workers
+        # pinned batches go to a GPU without making the host wait for the GPU's queue
+        pin = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        common = dict(
+            num_workers=workers,
+            collate_fn=collate_batch,
+            persistent_workers=workers > 0,
+            pin_memory=pin,
+        )
+        if train:  # order = f(seed, epoch); resumes mid-epoch from a checkpoint
+            if self.hparams.augment_in_loader:
+                dataset = AugmentedDataset(dataset, self.train_augment, seed=self.hparams.seed)
+            self._train_loader = ResumableDataLoader(
+                dataset,
+                batch_size=self.hparams.batch_size,
+                seed=self.hparams.seed,
+                drop_last=self.hparams.drop_last,
+                **common,
+            )
+            if self._resume_state is not None:
+                self._train_loader.load_state_dict(self._resume_state)
+                self._resume_state = None
+            return self._train_loader
+        # a generator of its own: starting an evaluation never draws from the global RNG, so a
+        # resumed run (which runs a sanity check first) keeps the dropout draws of the original
+        generator = torch.Generator().manual_seed(self.hparams.seed)
+        return DataLoader(
+            dataset, batch_size=self.eval_batch_size, shuffle=False, generator=generator, **common
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in checkpoints: where the training loader is within its epoch."""
+        return {"train_loader": self._train_loader.state_dict()} if self._train_loader else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restored before training starts; the next train loader resumes from it. (Lightning
+        builds the train loader before it restores loop state, so its own loader restore misses.)"""
+        self._resume_state = state.get("train_loader")
+
+    def train_dataloader(self) -> DataLoader:
+        hp, data = self.hparams, self.train_dataset
+        if data is not None and hp.drop_last and len(data) < hp.batch_size:
+            raise ValueError(
+                f"only {len(data)} training images for batch_size={hp.batch_size} with "
+                "drop_last=True: every epoch would be empty; lower batch_size or set "
+                "drop_last: false."
+            )
+        return self._loader(self.train_dataset, stage="fit", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, stage="validate")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_dataset, stage="test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_dataset, stage="predict")
+
+    def on_after_batch_transfer(
+        self, batch: tuple[Tensor, Tensor], dataloader_idx: int
+    ) -> tuple[Tensor, Tensor]:
+        """uint8 batch on device -> (augmented only while training) normalized float32 images."""
+        images, labels = batch
+        trainer = self.trainer
+        if trainer is not None and trainer.training:
+            if not self.hparams.augment_in_loader:
+                # the draws are a function of (seed, step, rank): a resumed run augments alike
+                seed = (
+                    self.hparams.seed * 1_000_003 + trainer.global_step
+                ) * 1024 + trainer.global_rank
+                images = self.train_augment(images, generator=torch.Generator().manual_seed(seed))
+            if self._train_loader is not None:
+                self._train_loader.count_consumed()  # this batch is trained on: saved on resume
+        return preprocess(images), labels

@@ -1,0 +1,217 @@
+"""Muon for the encoder's weight matrices, AdamW for everything else, in one optimizer.
+
+Muon (Keller Jordan, 2024, https://kellerjordan.github.io/posts/muon/) keeps a momentum of the
+gradient, as SGD does, and replaces each matrix's update by the nearest (semi-)orthogonal matrix:
+U V^T of its SVD U S V^T, every singular value set to about one, computed by a few Newton-Schulz
+iterations (matrix products only). Every direction of the matrix then moves by about the same
+amount, instead of the few that dominate the gradient. It is meant for the hidden 2-D weights:
+here the blocks' qkv, projection and MLP matrices. The patch projection, the head, biases, norms,
+the CLS token and the positions stay with AdamW, as in Muon's own recipe (the patch projection may
+join Muon: `muon_param_groups(patch_embed=True)`).
+
+The update is scaled by 0.2 * sqrt(max(rows, cols)) ("Muon is Scalable for LLM Training", Liu et
+al. 2025) so that its RMS matches a typical AdamW update: the learning rate, weight decay
+(decoupled, as AdamW's) and schedule tuned for AdamW carry over. torch.optim.Muon runs its
+iterations in bfloat16 always; on a CPU without native bf16 products that is many times slower
+than float32, so here the iterations run in bfloat16 only where that is fast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vit.system.hardware import cpu_has_fast_bf16
+
+# the quintic iteration's coefficients from Muon's reference code: steep at zero, so five steps
+# bring every singular value into about [0.7, 1.2] (not exactly 1, which does not hurt)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+# iterate on the Gram matrix (_iterate_on_the_gram) when the long side is at least this many times
+# the short: 5 steps cost 17 m^3 + 2 m^2 n multiply-adds there against 5 m^3 + 10 m^2 n in the loop
+GRAM_FORM_RATIO = 1.5
+
+
+def orthogonalize(
+    g: Tensor, *, steps: int = 5, dtype: torch.dtype = torch.float32, gram: bool = True
+) -> Tensor:
+    """About U V^T for g = U S V^T (singular values near one), by Newton-Schulz iterations; g is
+    one matrix or a stack of them (..., m, n), each orthogonalized on its own. `gram`: iterate on
+    the Gram matrix where that is cheaper and safe (float32, GRAM_FORM_RATIO); False: the loop."""
+    if g.dim() < 2:
+        raise ValueError(f"orthogonalize expects a matrix or a stack, got shape {tuple(g.shape)}.")
+    a, b, c = NS_COEFFICIENTS
+    x = g.to(dtype).reshape(-1, *g.shape[-2:])  # one batch of matrices: one product per stack
+    tall = x.shape[1] > x.shape[2]
+    if tall:  # iterate on the wide side: the Gram matrix x x^T is the smaller one
+        x = x.mT
+    # spectral norm <= Frobenius norm = 1: inside the iteration's range
+    x = x / (x.norm(dim=(1, 2), keepdim=True) + 1e-7)
+    if gram and dtype == torch.float32 and x.shape[2] >= GRAM_FORM_RATIO * x.shape[1]:
+        x = _iterate_on_the_gram(x, steps)
+    else:
+        for _ in range(steps):
+            xxt = x @ x.mT
+            x = a * x + torch.baddbmm(xxt, xxt, xxt, beta=b, alpha=c) @ x
+    return (x.mT if tall else x).reshape(g.shape).to(g.dtype)
+
+
+def _iterate_on_the_gram(x: Tensor, steps: int) -> Tensor:
+    """orthogonalize's loop for a batch of wide x (m x n, m < n), done in m x m products.
+
+    Each step is x <- p(G) x with G = x x^T and p(G) = a + b G + c G^2, so after k steps x = Q x0
+    with Q a product of polynomials in G0 = x0 x0^T: they all commute, and G <- p(G)^2 G. Each
+    step's two m x m x n products become at most three more m x m x m ones, and only the first
+    G0 and the last Q x0 touch n: 0.66x and 0.84x the multiply-adds for the blocks' 192 x 576
+    and 192 x 384 matrices. In exact arithmetic the result is the loop's; in float32 it is within
+    about 2e-4 of the largest entry (the loop: 5e-5; tested against float64). Only in float32: G
+    and Q are not recomputed from x, so their rounding drifts apart, small in float32, not in
+    bfloat16.
+    """
+    a, b, c = NS_COEFFICIENTS
+    gram = x @ x.mT
+    q = None
+    for step in range(steps):
+        p = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b G + c G^2
+        p.diagonal(dim1=1, dim2=2).add_(a)
+        q = p if q is None else p @ q
+        if step < steps - 1:
+            gram = p @ (p @ gram)
+    return q @ x
+
+
+def iteration_dtype(params: Iterable[Tensor]) -> torch.dtype:
+    """bfloat16 where its matrix products are fast (a GPU, or a CPU with AVX512-BF16 or AMX),
+    float32 elsewhere: the dtype of the Newton-Schulz iterations for these parameters."""
+    on_gpu = any(p.device.type == "cuda" for p in params)
+    return torch.bfloat16 if on_gpu or cpu_has_fast_bf16() else torch.float32
+
+
+def check_momentum(momentum: float, name: str = "momentum") -> None:
+    """Muon's momentum (the weight of the past in its average of the gradient) is in [0, 1)."""
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"{name}={momentum} must be in [0, 1), e.g. Muon's 0.95.")
+
+
+def check_ns_steps(ns_steps: int, name: str = "ns_steps") -> None:
+    """Newton-Schulz iterations per Muon step: a whole number, 1 or more."""
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
+        raise ValueError(
+            f"{name}={ns_steps!r}: expected a whole number of Newton-Schulz iterations, 1 or "
+            "more (Muon's default is 5; fewer are cheaper and less exact)."
+        )
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer, two rules: groups with `use_muon=True` take Muon's update, the others
+    AdamW's (the same update as torch.optim.AdamW, tested). Both decay weights as AdamW does,
+    by lr * weight_decay, and both follow the group's lr, so one schedule drives them. Build it
+    once the parameters are on their device: that picks the iterations' dtype by default.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[dict[str, Any]],
+        *,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        momentum: float = 0.95,
+        ns_steps: int = 5,
+        ns_dtype: torch.dtype | None = None,
+    ) -> None:
+        check_momentum(momentum)
+        check_ns_steps(ns_steps)
+        defaults = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            betas=betas,
+            eps=eps,
+            momentum=momentum,
+            ns_steps=ns_steps,
+            use_muon=False,
+            split=1,
+        )
+        super().__init__(params, defaults)
+        muon = [p for group in self.param_groups if group["use_muon"] for p in group["params"]]
+        if bad := [tuple(p.shape) for p in muon if p.dim() < 2]:
+            raise ValueError(
+                f"Muon takes matrices only (a conv filter counts as one, out x in*k*k); this "
+                f"group has shapes {bad}."
+            )
+        for group in (g for g in self.param_groups if g["use_muon"]):
+            split = group["split"]
+            if not (isinstance(split, int) and split >= 1):
+                raise ValueError(f"split={split!r} must be a whole number >= 1 (3 for qkv).")
+            if bad := [tuple(p.shape) for p in group["params"] if p.shape[0] % split]:
+                raise ValueError(
+                    f"split={split} cuts each matrix's rows into {split} equal blocks, and these "
+                    f"shapes' rows do not divide: {bad}."
+                )
+        # None: bf16 where it is fast for these parameters (iteration_dtype), else float32
+        self.ns_dtype = ns_dtype or iteration_dtype(muon)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
+                p.mul_(1.0 - group["lr"] * group["weight_decay"])  # decoupled decay
+            if group["use_muon"]:
+                self._muon(params, group)
+            else:
+                for p in params:
+                    self._adamw(p, group)
+        return loss
+
+    def _muon(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """Each matrix's momentum and look-ahead, then one orthogonalization per shape for the
+        stack of them: the blocks' matrices come in four shapes, and a batched product of four
+        uses two cores better than four small ones (experiments/record/benchmarks/muon_ns.md). With
+        the group's `split` > 1 each matrix's rows are cut into that many equal blocks, each
+        orthogonalized (and scaled) on its own: qkv's query, key and value projections, as
+        modded-nanogpt's Muon does."""
+        mu, split, same_shape = group["momentum"], group["split"], {}
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf = state["momentum_buffer"]
+            buf.lerp_(p.grad, 1.0 - mu)  # an average of past gradients
+            nesterov = p.grad.lerp(buf, mu)  # look ahead along it (Nesterov)
+            blocks = nesterov.reshape(split, p.shape[0] // split, -1)  # a filter: out x in*k*k
+            same_shape.setdefault((blocks.shape[1:], p.dtype, p.device), []).append((p, blocks))
+        for (shape, _, _), pairs in same_shape.items():
+            updates = orthogonalize(
+                torch.cat([blocks for _, blocks in pairs]),
+                steps=group["ns_steps"],
+                dtype=self.ns_dtype,
+            )
+            scale = 0.2 * math.sqrt(max(shape))  # the RMS of an AdamW update
+            for (p, _), update in zip(pairs, updates.split(split), strict=True):
+                p.add_(update.reshape(p.shape), alpha=-group["lr"] * scale)
+
+    def _adamw(self, p: Tensor, group: dict[str, Any]) -> None:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        (beta1, beta2), grad = group["betas"], p.grad
+        state["step"] += 1
+        step = float(state["step"])
+        state["exp_avg"].lerp_(grad, 1.0 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
+        denom = (state["exp_avg_sq"].sqrt() / math.sqrt(bias2)).add_(group["eps"])
+        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / bias1)
