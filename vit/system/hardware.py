@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,13 +21,28 @@ log = logging.getLogger(__name__)
 
 
 def cpu_has_fast_bf16() -> bool:
-    """Whether oneDNN has a bfloat16 path on this CPU: native on AVX512-BF16 / AMX, emulated on
-    plain AVX-512 (not measured here).
+    """Whether this CPU multiplies bfloat16 matrices natively: AVX512-BF16 or AMX on x86.
 
-    Without one (AVX2 only) PyTorch falls back to a reference kernel, many times slower than
-    float32 (experiments/record/benchmarks/fp32.md).
+    oneDNN also offers bf16 on plain AVX-512 by emulation, and AVX2-only CPUs fall back to a
+    reference kernel; both train slower in bf16 than in float32 (experiments/record/benchmarks/
+    fp32.md, cpu-avx512-nobf16.md). Elsewhere (Arm, or no /proc/cpuinfo), oneDNN's own answer.
     """
+    flags = cpu_flags()
+    if flags is not None and platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"):
+        return bool(flags & {"avx512_bf16", "amx_bf16"})
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (Linux), or None where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return None
 
 
 def cpu_precision(precision: Any, accelerator: Any) -> Any:

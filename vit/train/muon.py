@@ -163,15 +163,17 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # foreach: one dispatch per operation for a whole group, not one per parameter (on a GPU,
+        # each dispatch is a kernel launch); the same arithmetic as the per-parameter ops
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            for p in params:
-                p.mul_(1.0 - group["lr"] * group["weight_decay"])  # decoupled decay
+            if not params:
+                continue
+            torch._foreach_mul_(params, 1.0 - group["lr"] * group["weight_decay"])  # decoupled
             if group["use_muon"]:
                 self._muon(params, group)
             else:
-                for p in params:
-                    self._adamw(p, group)
+                self._adamw(params, group)
         return loss
 
     def _muon(self, params: list[Tensor], group: dict[str, Any]) -> None:
@@ -183,12 +185,13 @@ class MuonAdamW(torch.optim.Optimizer):
         modded-nanogpt's Muon does."""
         mu, split, same_shape = group["momentum"], group["split"], {}
         for p in params:
-            state = self.state[p]
-            if not state:
-                state["momentum_buffer"] = torch.zeros_like(p)
-            buf = state["momentum_buffer"]
-            buf.lerp_(p.grad, 1.0 - mu)  # an average of past gradients
-            nesterov = p.grad.lerp(buf, mu)  # look ahead along it (Nesterov)
+            if not self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        torch._foreach_lerp_(bufs, grads, 1.0 - mu)  # an average of past gradients
+        nesterovs = torch._foreach_lerp(grads, bufs, mu)  # look ahead along it (Nesterov)
+        for p, nesterov in zip(params, nesterovs, strict=True):
             blocks = nesterov.reshape(split, p.shape[0] // split, -1)  # a filter: out x in*k*k
             same_shape.setdefault((blocks.shape[1:], p.dtype, p.device), []).append((p, blocks))
         for (shape, _, _), pairs in same_shape.items():
@@ -198,20 +201,39 @@ class MuonAdamW(torch.optim.Optimizer):
                 dtype=self.ns_dtype,
             )
             scale = 0.2 * math.sqrt(max(shape))  # the RMS of an AdamW update
-            for (p, _), update in zip(pairs, updates.split(split), strict=True):
-                p.add_(update.reshape(p.shape), alpha=-group["lr"] * scale)
+            torch._foreach_add_(
+                [p for p, _ in pairs],
+                [u.reshape(p.shape) for (p, _), u in zip(pairs, updates.split(split), strict=True)],
+                alpha=-group["lr"] * scale,
+            )
 
-    def _adamw(self, p: Tensor, group: dict[str, Any]) -> None:
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.zeros((), dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p)
-            state["exp_avg_sq"] = torch.zeros_like(p)
-        (beta1, beta2), grad = group["betas"], p.grad
-        state["step"] += 1
-        step = float(state["step"])
-        state["exp_avg"].lerp_(grad, 1.0 - beta1)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
-        denom = (state["exp_avg_sq"].sqrt() / math.sqrt(bias2)).add_(group["eps"])
-        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / bias1)
+    def _adamw(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """torch.optim.AdamW's update for the group, each step of it one foreach op."""
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+        (beta1, beta2), grads = group["betas"], [p.grad for p in params]
+        states = [self.state[p] for p in params]
+        steps = [s["step"] for s in states]  # host tensors: reading them waits for no GPU
+        torch._foreach_add_(steps, 1)
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        by_step: dict[float, list[int]] = {}  # parameters stepped alike share a bias correction
+        for i, step in enumerate(torch.stack(steps).tolist()):
+            by_step.setdefault(step, []).append(i)
+        for step, index in by_step.items():
+            bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
+            denom = torch._foreach_sqrt([exp_avg_sqs[i] for i in index])
+            torch._foreach_div_(denom, math.sqrt(bias2))
+            torch._foreach_add_(denom, group["eps"])
+            torch._foreach_addcdiv_(
+                [params[i] for i in index],
+                [exp_avgs[i] for i in index],
+                denom,
+                value=-group["lr"] / bias1,
+            )

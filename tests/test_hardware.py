@@ -1,0 +1,36 @@
+"""What the machine offers (vit/system/hardware.py): bf16 counts as fast only where it is native."""
+
+from __future__ import annotations
+
+import pytest
+
+from vit.system import hardware
+
+
+@pytest.mark.parametrize(
+    ("flags", "fast"),
+    [
+        ({"avx2", "fma"}, False),  # AVX2 only: a reference kernel
+        ({"avx2", "avx512f", "avx512bw", "avx512_vnni"}, False),  # AVX-512, bf16 emulated
+        ({"avx2", "avx512f", "avx512_bf16"}, True),  # AMD Zen 4, Intel Cooper Lake
+        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}, True),  # Intel with AMX
+        ({"avx2", "avx512f", "amx_bf16"}, True),
+    ],
+)
+def test_bf16_is_fast_only_where_the_cpu_has_it_natively(
+    monkeypatch: pytest.MonkeyPatch, flags: set[str], fast: bool
+) -> None:
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    assert hardware.cpu_has_fast_bf16() is fast
+
+
+def test_without_cpu_flags_onednn_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: None)
+    monkeypatch.setattr(hardware.torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert hardware.cpu_has_fast_bf16() is True
+
+
+def test_this_machines_flags_are_read() -> None:
+    flags = hardware.cpu_flags()
+    assert flags is None or (isinstance(flags, set) and all(isinstance(f, str) for f in flags))
