@@ -50,7 +50,8 @@ def build(config: dict, batch: int) -> tuple:
         {"decay": 0.999},
     )  # fmt: skip
     ema = EMA(**ema_args)
-    averaged = AveragedModel(module.model, multi_avg_fn=ema._update, use_buffers=True)
+    # what Lightning's WeightAveraging.setup builds; the fit's updates go through the callback
+    ema._average_model = AveragedModel(module, multi_avg_fn=ema._update, use_buffers=True)
     data = config.get("data") or {}
     augment = TrainAugment(
         padding=data.get("crop_padding", 4),
@@ -61,12 +62,12 @@ def build(config: dict, batch: int) -> tuple:
     side = module.model.patch_embed.img_size
     images = torch.randint(0, 256, (batch, 3, side, side), dtype=torch.uint8, generator=generator)
     labels = torch.randint(0, module.model.num_classes, (batch,), generator=generator)
-    return module, optimizer, averaged, augment, images, labels
+    return module, optimizer, ema, augment, images, labels
 
 
 def step(parts: tuple, record: dict[str, Counter] | None) -> None:
     """One training step; with `record`, each phase's aten ops counted into it."""
-    module, optimizer, averaged, augment, images, labels = parts
+    module, optimizer, ema, augment, images, labels = parts
     smoothing = module.hparams.label_smoothing
 
     def phase(name: str, run):  # noqa: ANN001, ANN202
@@ -92,7 +93,7 @@ def step(parts: tuple, record: dict[str, Counter] | None) -> None:
     )
     phase("backward", loss.backward)
     phase("optimizer", lambda: (optimizer.step(), optimizer.zero_grad(set_to_none=True)))
-    phase("ema", lambda: averaged.update_parameters(module.model))
+    phase("ema", lambda: ema.update_average(module))
 
 
 def main() -> int:

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.helpers import quiet_trainer, random_loader, tiny_classifier
 from vit.train.callbacks.budget import TimeBudget
 from vit.train.callbacks.checkpointing import FiniteLoss
-from vit.train.callbacks.curricula import PatchDropSchedule, ResolutionSchedule
+from vit.train.callbacks.curricula import MixSchedule, PatchDropSchedule, ResolutionSchedule
 
 BUDGET_SCHEDULE = {"warmup_epochs": 0.0, "warmup_fraction": 0.1}
 
@@ -240,3 +240,34 @@ def test_time_budget_needs_a_warmup_fraction_and_positive_minutes(tmp_path) -> N
         trainer.fit(tiny_classifier(schedule={"warmup_epochs": 2.0}), random_loader(32))
     with pytest.raises(ValueError, match="minutes=0 must be positive"):
         TimeBudget(minutes=0)
+
+
+def test_mix_schedule_mixes_by_stage_then_stops(tmp_path, monkeypatch) -> None:
+    """[[0, 1], [0.5, 0]]: every batch mixed for the first half of training, none after."""
+    import vit.train.module
+
+    probs: list[float] = []
+    real = vit.train.module.mix_batch
+    monkeypatch.setattr(
+        vit.train.module, "mix_batch", lambda *a, **kw: probs.append(kw["prob"]) or real(*a, **kw)
+    )
+    module = tiny_classifier(mixup_alpha=0.8, cutmix_alpha=1.0)
+    mix = MixSchedule(stages=[[0, 1.0], [0.5, 0.0]])
+    trainer = quiet_trainer(tmp_path, max_epochs=3, num_sanity_val_steps=0, callbacks=[mix])
+    trainer.fit(module, random_loader(32))
+    assert probs == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]  # 6 steps: progress 0..5/6
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [([[0, 1.5]], "share 1.5 must be in \\[0, 1\\]"), ([[0.2, 0.5]], "must start at 0")],
+)
+def test_bad_mix_schedules_fail_clearly(stages: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MixSchedule(stages=stages)
+
+
+def test_mix_schedule_needs_a_model_that_mixes(tmp_path) -> None:
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[MixSchedule(stages=[[0, 0.5]])])
+    with pytest.raises(ValueError, match="set model.mixup_alpha or model.cutmix_alpha > 0"):
+        trainer.fit(tiny_classifier(), random_loader(32))

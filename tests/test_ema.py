@@ -162,3 +162,28 @@ def test_asking_a_checkpoint_without_ema_for_its_average_is_an_error(tiny_checkp
         load_model(tiny_checkpoint, weights="average")
     with pytest.raises(ValueError, match="expected 'average', 'live' or None"):
         load_model(tiny_checkpoint, weights="ema")
+
+
+def test_the_update_reads_nothing_back_from_the_device(tmp_path) -> None:
+    """After its first update (which reads the count once: 0, or a resumed fit's), the EMA's
+    update dispatches no host read (item, is_nonzero): on a GPU each would wait for the queue."""
+    from torch.optim.swa_utils import AveragedModel
+    from torch.profiler import ProfilerActivity, profile
+
+    module = tiny_classifier()
+    ema = EMA(decay=0.99)
+    ema._average_model = AveragedModel(module, multi_avg_fn=ema._update, use_buffers=True)
+    ema.update_average(module)  # the first: a copy, and the one read of the count
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(1.0)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        ema.update_average(module)
+        ema.update_average(module)
+    names = {e.name for e in prof.events()}
+    assert not names & {"aten::item", "aten::is_nonzero", "aten::_local_scalar_dense"}
+    assert int(ema._average_model.n_averaged) == 3
+    # the warm-up rule with n = 1, then n = 2: d = 2/11, then 3/12 of the way kept
+    first = next(iter(ema._average_model.module.parameters()))
+    live = next(iter(module.parameters()))
+    assert torch.allclose(live - first, torch.full_like(live, (2 / 11) * (3 / 12)), atol=1e-6)

@@ -87,6 +87,7 @@ class ViTClassifier(L.LightningModule):
             )
         self.model = net.build()
         self.train_side: int | None = None  # the training images' side, when not the full one
+        self.mix_prob = mix_prob  # the share of batches mixed now: a curriculum may change it
         self._progress: Callable[[], float] | None = None  # the schedule's clock, if not the steps
         # the epoch's mean training loss, kept here (not in Lightning's logger state) so that a
         # checkpoint saved mid-epoch holds it and a resumed epoch logs the same mean
@@ -165,6 +166,16 @@ class ViTClassifier(L.LightningModule):
                 )
         self.model.set_dynamic_img_size(True)
 
+    @property
+    def mixes_images(self) -> bool:
+        """Whether training mixes images (mixup_alpha or cutmix_alpha > 0)."""
+        return self.hparams.mixup_alpha > 0 or self.hparams.cutmix_alpha > 0
+
+    def set_mix_prob(self, prob: float) -> None:
+        """Mix this share of the training batches from the next step on (a curriculum's call)."""
+        check_mix_args(self.hparams.mixup_alpha, self.hparams.cutmix_alpha, prob)
+        self.mix_prob = prob
+
     def set_train_resolution(self, side: int | None) -> None:
         """Resize training images to side x side before the network from the next step on (None:
         train at the data's size). Evaluation always runs at the full size."""
@@ -208,7 +219,7 @@ class ViTClassifier(L.LightningModule):
                     num_classes=hp.network["num_classes"],
                     mixup_alpha=hp.mixup_alpha,
                     cutmix_alpha=hp.cutmix_alpha,
-                    prob=hp.mix_prob,
+                    prob=self.mix_prob,
                 )  # soft targets; accuracy stays against the labels
             side = self.train_side
             if side is not None and side != images.shape[-1]:  # a resolution curriculum

@@ -4,7 +4,7 @@ class path (vit.train.callbacks.TimeBudget, ...); vit-train adds FiniteLoss to e
 
 from vit.train.callbacks.budget import TimeBudget, fit_progress, time_budget
 from vit.train.callbacks.checkpointing import FiniteLoss, LastCheckpoint
-from vit.train.callbacks.curricula import PatchDropSchedule, ResolutionSchedule
+from vit.train.callbacks.curricula import MixSchedule, PatchDropSchedule, ResolutionSchedule
 from vit.train.callbacks.ema import EMA
 from vit.train.callbacks.pictures import AttentionMapLogger
 
@@ -13,6 +13,7 @@ __all__ = [
     "AttentionMapLogger",
     "FiniteLoss",
     "LastCheckpoint",
+    "MixSchedule",
     "PatchDropSchedule",
     "ResolutionSchedule",
     "TimeBudget",

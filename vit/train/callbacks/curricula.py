@@ -1,4 +1,5 @@
-"""Curricula by stage of training: the training image side, and the patch-drop rate."""
+"""Curricula by stage of training: the training image side, the patch-drop rate, and the share
+of batches mixed (Mixup/CutMix)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,36 @@ class PatchDropSchedule(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
     ) -> None:
         pl_module.model.set_patch_drop(stage_value(self.stages, fit_progress(trainer)))
+
+
+class MixSchedule(L.Callback):
+    """The share of training batches mixed (Mixup/CutMix, set by model.mixup_alpha and
+    cutmix_alpha) by stage of training: e.g. half the batches, then none for the last part, as
+    CCT (arXiv 2104.05704) trains, so that the final steps see the images as they are scored.
+
+    Args:
+        stages: [[fraction of training, share mixed], ...]; fractions start at 0 and rise, shares
+            in [0, 1]. E.g. [[0, 0.5], [0.85, 0]].
+    """
+
+    EXAMPLE = "e.g. [[0, 0.5], [0.85, 0]]: half the batches mixed until 85% of training, then none"
+
+    def __init__(self, *, stages: list[tuple[float, float]]) -> None:
+        self.stages = check_stages(
+            stages, name="MixSchedule stages", value="share", cast=float, example=self.EXAMPLE
+        )
+        for _, share in self.stages:
+            if not 0 <= share <= 1:
+                raise ValueError(f"MixSchedule share {share} must be in [0, 1]; {self.EXAMPLE}")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and not pl_module.mixes_images:
+            raise ValueError(
+                "MixSchedule sets the share of batches mixed, but the model mixes none: set "
+                "model.mixup_alpha or model.cutmix_alpha > 0 (0.8 and 1.0 are DeiT's)."
+            )
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
+    ) -> None:
+        pl_module.set_mix_prob(stage_value(self.stages, fit_progress(trainer)))

@@ -35,7 +35,46 @@ class EMA(WeightAveraging):
                 f"1,000 steps, 0.9999 over 10,000."
             )
         self.decay = decay
+        self._count: int | None = None  # updates so far, on the host: read from the average once
         super().__init__(multi_avg_fn=self._update)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._count = None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        """Update the average after each optimizer step (as WeightAveraging does), through
+        update_average: AveragedModel's own update reads its count on the host twice a step,
+        which on a GPU waits for every kernel queued so far."""
+        if trainer.global_step > self._latest_update_step:
+            self.update_average(pl_module)
+            self._latest_update_step = trainer.global_step
+
+    @torch.no_grad()
+    def update_average(self, pl_module: torch.nn.Module) -> None:
+        """One update of the average from `pl_module`'s weights and buffers: the first copies
+        them, later ones call the average's rule per dtype, with the count kept on the host."""
+        average = self._average_model
+        assert average is not None, "update_average runs in a fit, after setup"
+        if self._count is None:  # a fresh fit: 0; a resumed one: the checkpoint's count
+            self._count = int(average.n_averaged)
+        # no detach: under no_grad the in-place updates need none (one dispatch fewer per tensor)
+        ours = [*average.module.parameters(), *average.module.buffers()]
+        theirs = [*pl_module.parameters(), *pl_module.buffers()]
+        if self._count == 0:
+            torch._foreach_copy_(ours, theirs)
+        else:
+            by_dtype: dict[torch.dtype, tuple[list[Tensor], list[Tensor]]] = {}
+            for a, b in zip(ours, theirs, strict=True):
+                pair = by_dtype.setdefault(a.dtype, ([], []))
+                pair[0].append(a)
+                pair[1].append(b)
+            for averaged, current in by_dtype.values():
+                self._update(averaged, current, self._count)
+        average.n_averaged.add_(1)  # saved in checkpoints; never read back during the fit
+        self._count += 1
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -45,10 +84,13 @@ class EMA(WeightAveraging):
         WeightAveraging would load the live weights there too, and no swap follows at test."""
         if trainer.state.fn == TrainerFn.FITTING:
             super().on_load_checkpoint(trainer, pl_module, checkpoint)
+            self._count = None  # read from the restored average at its next update
 
     @torch.no_grad()
-    def _update(self, averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor) -> None:
-        n = int(num_averaged)
+    def _update(
+        self, averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor | int
+    ) -> None:
+        n = int(num_averaged)  # an int from update_average: no host read
         d = min(self.decay, (1 + n) / (10 + n))
         if averaged[0].is_floating_point():  # AveragedModel groups the tensors by dtype
             torch._foreach_lerp_(averaged, current, 1.0 - d)
