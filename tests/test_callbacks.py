@@ -271,3 +271,23 @@ def test_mix_schedule_needs_a_model_that_mixes(tmp_path) -> None:
     trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[MixSchedule(stages=[[0, 0.5]])])
     with pytest.raises(ValueError, match="set model.mixup_alpha or model.cutmix_alpha > 0"):
         trainer.fit(tiny_classifier(), random_loader(32))
+
+
+def test_time_budget_counts_the_fit_start_compiles_off_the_schedule(tmp_path, monkeypatch) -> None:
+    """The curricula's shapes compile at fit start (faked here: 15 s): before training, yet on
+    the budget, and off the schedule's clock like the first step's compile."""
+    module = tiny_classifier(
+        schedule={"warmup_epochs": 0.0, "warmup_fraction": 0.3}, torch_compile=True
+    )
+    monkeypatch.setattr(module.model, "compile", lambda **kwargs: None)
+    monkeypatch.setattr("vit.train.module.check_cpp_compiler", lambda: None)
+    clock = budget(tick=0.0)
+
+    def warm_up(*args, **kwargs) -> None:
+        clock.clock.now += 15.0
+
+    monkeypatch.setattr("vit.train.module.compile_for_fit", warm_up)
+    trainer = quiet_trainer(tmp_path, max_epochs=1, max_steps=2, callbacks=[clock])
+    trainer.fit(module, random_loader(64))
+    state = clock.state_dict()
+    assert state["elapsed_s"] == pytest.approx(15.0) and state["off_clock_s"] == pytest.approx(15.0)

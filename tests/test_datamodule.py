@@ -248,3 +248,41 @@ def test_augment_in_loader_draws_per_batch_from_its_indices(image_tree: Path) ->
     assert torch.equal(dm.on_after_batch_transfer((images, labels), 0)[0], preprocess(images))
     assert batch_seed([1, 2, 3], 0) == batch_seed([1, 2, 3], 0)
     assert len({batch_seed([1, 2, 3], 0), batch_seed([3, 2, 1], 0), batch_seed([1, 2, 3], 1)}) == 3
+
+
+def test_device_data_gathers_the_same_batches_on_the_device(image_tree: Path) -> None:
+    """device_data: the loader yields positions and the batch is gathered from the split's copy
+    on the training device; the steps see exactly the batches (order, labels, augmentation) of
+    the default path, across two epochs."""
+
+    def fit(**kwargs: object) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        labels: list[torch.Tensor] = []
+
+        class Labels(_Recorder):
+            def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN202
+                labels.append(batch[1])
+                return super().training_step(batch, batch_idx)
+
+        dm, model = tiny_datamodule(image_tree, **kwargs), Labels()
+        trainer = quiet_trainer(None, accelerator="cpu", max_epochs=2, num_sanity_val_steps=0)
+        trainer.fit(model, datamodule=dm)
+        return model.seen["train"], labels
+
+    images, labels = fit()
+    on_device, device_labels = fit(device_data=True)
+    assert len(images) == len(on_device) == 6  # 30 training images, batches of 8, 2 epochs
+    assert all(torch.equal(a, b) for a, b in zip(images, on_device, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(labels, device_labels, strict=True))
+
+
+def test_device_data_loader_yields_positions_only(image_tree: Path) -> None:
+    dm = tiny_datamodule(image_tree, device_data=True)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.dtype == torch.long and batch.shape == (8,)
+    assert int(batch.max()) < len(dm.train_dataset)
+
+
+def test_device_data_and_augment_in_loader_exclude_each_other(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="device_data .* augment_in_loader .* choose one"):
+        tiny_datamodule(tmp_path, device_data=True, augment_in_loader=True)

@@ -58,6 +58,24 @@ class TensorImageDataset(Dataset):
         return self.images[idx], self.labels[idx]  # (B, 3, H, W), (B,)
 
 
+class IndexDataset(Dataset):
+    """Positions 0..N-1 only: the training loader of a split that stays on the training device
+    (CIFAR10DataModule's device_data), where the batch's images are then gathered. A batch is a
+    (B,) int64 tensor: a few bytes to copy instead of B images."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> Tensor:
+        return torch.tensor(index, dtype=torch.long)
+
+    def __getitems__(self, indices: list[int]) -> Tensor:
+        return torch.as_tensor(indices, dtype=torch.long)  # (B,)
+
+
 def batch_seed(indices: list[int], seed: int) -> int:
     """A 63-bit seed from a batch's indices and the data seed: the same batch draws alike in any
     process or after a resume; the next epoch's batches (a new permutation) draw afresh."""
@@ -91,7 +109,10 @@ class AugmentedDataset(Dataset):
 
 
 def collate_batch(batch: Any) -> Any:
-    """Pass an (images, labels) batch from `__getitems__` through; default-collate anything else."""
+    """Pass an (images, labels) or an index batch from `__getitems__` through; default-collate
+    anything else."""
+    if isinstance(batch, Tensor) and batch.dim() == 1 and batch.dtype == torch.long:
+        return batch  # IndexDataset's
     if isinstance(batch, tuple) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
         if batch[0].dim() == 4 and batch[1].dim() == 1:
             return batch

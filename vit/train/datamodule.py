@@ -26,6 +26,7 @@ from vit.data.cifar10_source import Found, load_cifar10, locate
 from vit.data.datasets import (
     CIFAR10_CLASSES,
     AugmentedDataset,
+    IndexDataset,
     TensorImageDataset,
     collate_batch,
     preprocess,
@@ -76,6 +77,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         hflip: flip half the training images left to right.
         trivial_augment: TrivialAugment per image, as in experiments/cifar10_full.yaml.
         augment_in_loader: augment on the CPU as the loader gathers batches, not on the device.
+        device_data: keep the training split on the training device as uint8 and gather each
+            batch there: the loader yields positions only (for a GPU; not with augment_in_loader).
         drop_last: drop each epoch's last partial batch, so every step sees batch_size images.
     """
 
@@ -98,6 +101,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         hflip: bool = True,
         trivial_augment: bool = False,
         augment_in_loader: bool = False,
+        device_data: bool = False,
         drop_last: bool = True,
     ) -> None:
         super().__init__()
@@ -115,6 +119,11 @@ class CIFAR10DataModule(L.LightningDataModule):
         _check_int("crop_padding", crop_padding, minimum=0)
         _check_int("eval_batch_size", eval_batch_size, minimum=1, optional=True)
         _check_int("train_subset", train_subset, minimum=1, optional=True)
+        if device_data and augment_in_loader:
+            raise ValueError(
+                "device_data keeps the training images on the device and augments them there; "
+                "augment_in_loader augments them on the CPU in the loader: choose one."
+            )
         self.save_hyperparameters()
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.train_augment = TrainAugment(
@@ -127,6 +136,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         self._found: Found | None = None
         self._train_loader: ResumableDataLoader | None = None
         self._resume_state: dict[str, int] | None = None
+        self._device_split: tuple[Tensor, Tensor] | None = None  # device_data's copy
 
     @classmethod
     def from_checkpoint(cls, ckpt: dict[str, Any], **overrides: Any) -> CIFAR10DataModule:
@@ -249,6 +259,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         if train:  # order = f(seed, epoch); resumes mid-epoch from a checkpoint
             if self.hparams.augment_in_loader:
                 dataset = AugmentedDataset(dataset, self.train_augment, seed=self.hparams.seed)
+            elif self.hparams.device_data:  # the same order; the images are gathered on device
+                dataset = IndexDataset(len(dataset))
             self._train_loader = ResumableDataLoader(
                 dataset,
                 batch_size=self.hparams.batch_size,
@@ -266,6 +278,14 @@ class CIFAR10DataModule(L.LightningDataModule):
         return DataLoader(
             dataset, batch_size=self.eval_batch_size, shuffle=False, generator=generator, **common
         )
+
+    def _on_device(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """The training split's images and labels on `device`, copied there once."""
+        if self._device_split is None or self._device_split[0].device != device:
+            data = self.train_dataset
+            assert data is not None, "setup('fit') comes before the training batches"
+            self._device_split = (data.images.to(device), data.labels.to(device))
+        return self._device_split
 
     def state_dict(self) -> dict[str, Any]:
         """Saved in checkpoints: where the training loader is within its epoch."""
@@ -298,9 +318,13 @@ class CIFAR10DataModule(L.LightningDataModule):
     def on_after_batch_transfer(
         self, batch: tuple[Tensor, Tensor], dataloader_idx: int
     ) -> tuple[Tensor, Tensor]:
-        """uint8 batch on device -> (augmented only while training) normalized float32 images."""
-        images, labels = batch
+        """uint8 batch on device -> (augmented only while training) normalized float32 images.
+        With device_data, a training batch arrives as positions and is gathered here."""
         trainer = self.trainer
+        if isinstance(batch, Tensor):  # IndexDataset's positions: the split lives on the device
+            images, labels = self._on_device(batch.device)
+            batch = images[batch], labels[batch]
+        images, labels = batch
         if trainer is not None and trainer.training:
             if not self.hparams.augment_in_loader:
                 # the draws are a function of (seed, step, rank): a resumed run augments alike

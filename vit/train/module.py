@@ -27,7 +27,9 @@ from vit.model.config import NetworkConfig
 from vit.system.hardware import check_cpp_compiler
 from vit.train.evaluation import flip_averaged_logits
 from vit.train.optim import OptimizerConfig, build_optimizer, check_resume_layout
+from vit.train.resume import restore_rng_and_loss, save_rng_and_loss
 from vit.train.schedule import ScheduleConfig, lr_scheduler
+from vit.train.warmup import compile_for_fit
 
 Stage = Literal["train", "val", "test"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -88,6 +90,9 @@ class ViTClassifier(L.LightningModule):
         self.model = net.build()
         self.train_side: int | None = None  # the training images' side, when not the full one
         self.mix_prob = mix_prob  # the share of batches mixed now: a curriculum may change it
+        # the curricula's stages [(fraction of training, value)]: their shapes compile at fit start
+        self._planned_sides: list[tuple[float, int]] = []
+        self._planned_drops: list[tuple[float, float]] = []
         self._progress: Callable[[], float] | None = None  # the schedule's clock, if not the steps
         # the epoch's mean training loss, kept here (not in Lightning's logger state) so that a
         # checkpoint saved mid-epoch holds it and a resumed epoch logs the same mean
@@ -154,17 +159,23 @@ class ViTClassifier(L.LightningModule):
         on the optimizer steps; None: on the steps. Takes effect when the optimizers are built."""
         self._progress = progress
 
-    def plan_train_resolutions(self, sides: Sequence[int]) -> None:
-        """Check that each training image side is a positive multiple of the patch, and let the
-        network take those grids (VisionTransformer.set_dynamic_img_size): what a resolution
+    def plan_train_resolutions(self, stages: Sequence[tuple[float, int]]) -> None:
+        """Check that each stage's training image side ([(fraction, side)]) is a positive multiple
+        of the patch, and let the network take those grids (VisionTransformer.set_dynamic_img_size): what a resolution
         curriculum calls at setup, before any compile."""
         patch = self.model.patch_embed.patch_size
-        for side in sides:
+        for _, side in stages:
             if side < patch or side % patch:
                 raise ValueError(
                     f"side {side} is not a positive multiple of the patch size {patch}"
                 )
         self.model.set_dynamic_img_size(True)
+        self._planned_sides = list(stages)
+
+    def plan_patch_drops(self, stages: Sequence[tuple[float, float]]) -> None:
+        """The patch-drop rates a curriculum will set, by stage: with torch_compile, each (side,
+        rate) that occurs is a shape that on_fit_start compiles before training starts."""
+        self._planned_drops = list(stages)
 
     @property
     def mixes_images(self) -> bool:
@@ -206,6 +217,7 @@ class ViTClassifier(L.LightningModule):
             if self.device.type == "cpu":
                 check_cpp_compiler()
             self.model.compile(dynamic=False, mode=self.hparams.compile_mode)
+            compile_for_fit(self, sides=self._planned_sides, drop_rates=self._planned_drops)
 
     def _shared_step(self, batch: tuple[Tensor, Tensor], stage: Stage) -> Tensor:
         images, labels = batch
@@ -274,10 +286,7 @@ class ViTClassifier(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the global RNG state (dropout, drop-path) so that a resumed run draws alike."""
-        checkpoint["rng_state"] = {"torch": torch.get_rng_state()}
-        checkpoint["train_loss_sum"] = [self.train_loss_sum.cpu(), self.train_loss_count.cpu()]
-        if torch.cuda.is_available():
-            checkpoint["rng_state"]["cuda"] = torch.cuda.get_rng_state_all()
+        save_rng_and_loss(checkpoint, self.train_loss_sum, self.train_loss_count)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if is_old_layout(checkpoint):  # read by Lightning itself: not migrated yet
@@ -290,15 +299,7 @@ class ViTClassifier(L.LightningModule):
         for key in ("state_dict", "current_model_state"):  # the latter: the EMA's live weights
             if isinstance(checkpoint.get(key), dict):
                 migrate_metric_states(checkpoint[key], own)
-        if "train_loss_sum" in checkpoint:  # the epoch's loss so far, for a mid-epoch resume
-            total, count = checkpoint["train_loss_sum"]
-            self.train_loss_sum.copy_(total)
-            self.train_loss_count.copy_(count)
-        state = checkpoint.get("rng_state") or {}
-        if "torch" in state:
-            torch.set_rng_state(state["torch"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        restore_rng_and_loss(checkpoint, self.train_loss_sum, self.train_loss_count)
 
     def configure_optimizers(self) -> dict[str, Any]:
         from lightning.pytorch.strategies import FSDPStrategy

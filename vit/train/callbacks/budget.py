@@ -36,9 +36,9 @@ class TimeBudget(L.Callback):
     then only an upper bound). Not bitwise reproducible: the clock decides at which step each
     thing happens. The time used is saved in checkpoints, so a resumed fit goes on from there.
 
-    With model.torch_compile, the fit's first training step and first validation, where the
-    compiles happen, count toward the budget but not toward the schedule's clock: they would
-    otherwise spend the warm-up. Under DDP the time is rank 0's, so every rank agrees.
+    With model.torch_compile, the compiles at fit start (every shape of the curricula:
+    vit/train/warmup.py), the fit's first training step and its first validation count toward
+    the budget but not toward the schedule's clock: they would otherwise spend the warm-up. Under DDP the time is rank 0's, so every rank agrees.
 
     Args:
         minutes: The budget, in minutes of wall-clock time.
@@ -57,6 +57,7 @@ class TimeBudget(L.Callback):
         self._off_clock_s = 0.0
         self._off_clock_since: float | None = None
         self._first_val_pending = False
+        self._fit_start: float | None = None
         self._step: int | None = None  # the global step `progress` was read at
 
     @property
@@ -103,6 +104,9 @@ class TimeBudget(L.Callback):
         if stage == "fit":
             _scheduled(pl_module).schedule_on(None)
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit_start = self.clock()  # callbacks' on_fit_start runs before the module's compile
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         every = trainer.check_val_every_n_epoch
         if every not in (None, 1):
@@ -112,7 +116,9 @@ class TimeBudget(L.Callback):
                 f"it validates in. Use check_val_every_n_epoch: 1 and a time interval such as "
                 f'val_check_interval: "00:00:05:00".'
             )
-        self._start = self.clock() - self._elapsed_before
+        # compiling: the budget runs from fit start, where the curricula's shapes were compiled
+        since = self._fit_start if _scheduled(pl_module).compiles_in_fit else None
+        self._start = (self.clock() if since is None else since) - self._elapsed_before
         self._step = None
         if _scheduled(pl_module).compiles_in_fit:
             self._off_clock_since, self._first_val_pending = self._elapsed_before, True

@@ -35,7 +35,7 @@ class ResolutionSchedule(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         try:
-            pl_module.plan_train_resolutions([side for _, side in self.stages])
+            pl_module.plan_train_resolutions(self.stages)
         except ValueError as err:
             raise ValueError(f"ResolutionSchedule {err}; {self.EXAMPLE}") from None
 
@@ -80,6 +80,8 @@ class PatchDropSchedule(L.Callback):
                 f"model.network.patch_drop_rate={rate} and PatchDropSchedule both set the "
                 "patch-drop rate: use one (a constant rate is the stages [[0, rate]])."
             )
+        if stage == "fit":
+            pl_module.plan_patch_drops(self.stages)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
