@@ -70,15 +70,18 @@ def compile_planned_shapes(
         for side, rate in sorted(set(shapes)):
             x = full if side == full_side else _resized(full, side)
             model.set_patch_drop(rate)
+            torch.compiler.cudagraph_mark_step_begin()  # CUDA graphs: each call is a new step
             model(x).float().mean().backward()
+            for p in model.parameters():  # under CUDA graphs the grads are the graph's outputs,
+                p.grad = None  # overwritten by its next run: never accumulate into them
             ran += 1
-        for p in model.parameters():
-            p.grad = None
         model.eval()
         for size in sorted(set(eval_batch_sizes)):
+            torch.compiler.cudagraph_mark_step_begin()
             with torch.no_grad():
                 model(torch.randn(size, in_chans, full_side, full_side, device=device))
             ran += 1
+    torch.compiler.cudagraph_mark_step_begin()  # the fit's first step starts afresh
     model.set_patch_drop(rate_before)
     model.train(was_training)
     return ran
