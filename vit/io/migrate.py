@@ -36,13 +36,23 @@ LEGACY_CLASS_PATHS = {
 def is_old_layout(ckpt: dict[str, Any]) -> bool:
     """Whether migrate_checkpoint has anything to change: so that a dict read by load_checkpoint
     (already migrated) is not migrated a second time where Lightning hands it on."""
-    hp = ckpt.get("hyper_parameters")
-    flat = isinstance(hp, dict) and "preset" in hp and "network" not in hp
-    paths = [
-        (ckpt.get(k) or {}).get("_class_path")
-        for k in ("hyper_parameters", "datamodule_hyper_parameters")
-    ]
-    return flat or "train_elapsed_s" in ckpt or any(p in LEGACY_CLASS_PATHS for p in paths)
+    return (
+        _is_flat(ckpt.get("hyper_parameters"))
+        or "train_elapsed_s" in ckpt
+        or any(_legacy_class_path(ckpt.get(key)) for key in _HPARAM_KEYS)
+    )
+
+
+_HPARAM_KEYS = ("hyper_parameters", "datamodule_hyper_parameters")
+
+
+def _is_flat(hp: Any) -> bool:
+    """ViTClassifier's options from before they were grouped into network, optimizer, schedule."""
+    return isinstance(hp, dict) and "preset" in hp and "network" not in hp
+
+
+def _legacy_class_path(saved: Any) -> bool:
+    return isinstance(saved, dict) and saved.get("_class_path") in LEGACY_CLASS_PATHS
 
 
 def migrate_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
@@ -51,12 +61,12 @@ def migrate_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
     now, configured in the trainer, so their old settings are dropped), and the time budget's
     clock moved into its callback's state, and old class paths renamed. Today's checkpoints pass
     unchanged; migrating twice changes nothing."""
-    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+    for key in _HPARAM_KEYS:
         saved = ckpt.get(key)
-        if isinstance(saved, dict) and saved.get("_class_path") in LEGACY_CLASS_PATHS:
+        if _legacy_class_path(saved):
             saved["_class_path"] = LEGACY_CLASS_PATHS[saved["_class_path"]]
     hp = ckpt.get("hyper_parameters")
-    if isinstance(hp, dict) and "preset" in hp and "network" not in hp:
+    if _is_flat(hp):
         flat = dict(hp)
         optimizer = {new: flat.pop(old) for old, new in _FLAT_OPTIMIZER.items() if old in flat}
         optimizer["muon"] = {new: flat.pop(old) for old, new in _FLAT_MUON.items() if old in flat}
