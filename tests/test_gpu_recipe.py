@@ -47,13 +47,17 @@ def test_gpu8_keeps_the_issue_constraints() -> None:
     assert config["model"]["compile_mode"] == "reduce-overhead"
     assert config["model"]["optimizer"]["name"] == "muon"
     assert config["test_after_fit"] is False  # the script scores the test split once
+    # issue 48: Mixup/CutMix on half the batches, off for the last part of the fit (as CCT)
+    (mix,) = callback_args(config, "MixSchedule")
+    assert mix["stages"][0][1] == 0.5 and mix["stages"][-1][1] == 0 and mix["stages"][-1][0] < 1
+    assert config["model"]["mixup_alpha"] > 0 and config["model"]["cutmix_alpha"] > 0
     header = [line for line in text.splitlines() if not line.startswith("#")][0]
     assert text.splitlines().index(header) <= 10, "the header is at most 10 lines"
 
 
 def test_gpu8_runs_end_to_end_on_the_cpu(make_image_tree, tmp_path: Path, monkeypatch) -> None:
-    """The recipe as written (its network, Muon, EMA, both curricula, the time-budget schedule,
-    TrivialAugment as the loader gathers batches) under a 15-s budget on a tiny 3-class tree."""
+    """The recipe as written (its network, Muon, EMA, Mixup/CutMix on a schedule, the time-budget
+    schedule, TrivialAugment as the loader gathers batches) under a 15-s budget on a tiny 3-class tree."""
     data = make_image_tree(tmp_path / "data", train_per_class=30)  # 90 train images
     monkeypatch.chdir(tmp_path)  # the YAML's loggers write to ./runs
     # one thread: on two cores shared with other work, OpenMP's spinning threads made single
