@@ -1,4 +1,4 @@
-"""Tests for vit.augment: batched crop, flip and normalize on uint8 image tensors."""
+"""Tests for vit.data.augment: batched crop, flip, normalize and the policies on uint8 images."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from vit.data.augment import (
     random_hflip,
     trivial_augment,
 )
+from vit.data.trivial_augment import rand_augment_batch
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
@@ -231,3 +232,29 @@ def test_gpu_augmentation_never_makes_the_host_wait() -> None:
     # grid_sample and the blends may round a pixel differently on the two devices
     assert (on_gpu.cpu().int() - on_cpu.int()).abs().max() <= 1
     assert (on_gpu.cpu() == on_cpu).float().mean() > 0.999
+
+
+def test_train_augment_with_randaugment_is_crop_flip_then_randaugment() -> None:
+    images = _uint8_batch()
+    out = TrainAugment(rand_ops=2, rand_magnitude=9)(
+        images, generator=torch.Generator().manual_seed(3)
+    )
+    g = torch.Generator().manual_seed(3)  # the same stream: crop, flip, then RandAugment's draws
+    expected = rand_augment_batch(
+        random_hflip(random_crop(images, generator=g), generator=g), generator=g
+    )
+    assert torch.equal(out, expected)
+    assert "rand_ops=2, rand_magnitude=9" in repr(TrainAugment(rand_ops=2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"trivial": True, "rand_ops": 2}, "choose one"),
+        ({"rand_ops": -1}, r"rand_augment_ops must be an int >= 0"),
+        ({"rand_ops": 2, "rand_magnitude": 31}, r"int bin in \[0, 30\], got 31"),
+    ],
+)
+def test_train_augment_rejects_bad_policy_settings(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        TrainAugment(**kwargs)

@@ -63,6 +63,8 @@ def test_split_size_errors(image_tree: Path) -> None:
         (dict(eval_batch_size=2.5), "eval_batch_size must be an integer >= 1 or None, got 2.5"),
         (dict(crop_padding=-4), "crop_padding must be an integer >= 0, got -4"),
         (dict(source="imagenet"), "source must be 'auto', 'folder' or 'cifar10', got 'imagenet'"),
+        (dict(trivial_augment=True, rand_augment_ops=2), "choose one"),
+        (dict(rand_augment_ops=2, rand_augment_magnitude=40), r"in \[0, 30\], got 40"),
     ],
 )
 def test_init_rejects_bad_values(tmp_path: Path, kwargs: dict, pattern: str) -> None:
@@ -286,3 +288,9 @@ def test_device_data_loader_yields_positions_only(image_tree: Path) -> None:
 def test_device_data_and_augment_in_loader_exclude_each_other(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="device_data .* augment_in_loader .* choose one"):
         tiny_datamodule(tmp_path, device_data=True, augment_in_loader=True)
+
+
+def test_randaugment_settings_reach_the_training_augmentation(tmp_path: Path) -> None:
+    augment = tiny_datamodule(tmp_path, rand_augment_ops=2, rand_augment_magnitude=7).train_augment
+    assert (augment.rand_ops, augment.rand_magnitude, augment.trivial) == (2, 7, False)
+    assert tiny_datamodule(tmp_path).train_augment.rand_ops == 0  # off unless asked

@@ -1,4 +1,5 @@
-"""Batched TrivialAugment: each op equals torchvision's per-image result; draws are per image."""
+"""Batched TrivialAugment and RandAugment: each op equals torchvision's per-image result, the
+magnitude tables are torchvision's, and the draws are per image."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from vit.data.trivial_augment import OPS, SIGNED, apply_op, magnitudes, trivial_augment_batch
+from vit.data.trivial_augment import (
+    OPS,
+    SIGNED,
+    apply_op,
+    magnitudes,
+    rand_augment_batch,
+    rand_magnitudes,
+    trivial_augment_batch,
+)
 
 
 def reference(op: str, image: torch.Tensor, m: float) -> torch.Tensor:
@@ -97,3 +106,49 @@ def test_ungrouped_ops_give_the_grouped_images() -> None:
         )
         assert torch.equal(grouped, ungrouped), seed
     assert torch.equal(x, images(n=256))  # the input is not modified
+
+
+@pytest.mark.parametrize("side", [(32, 32), (24, 40)])
+def test_randaugment_magnitude_tables_are_torchvisions(side: tuple[int, int]) -> None:
+    space = v2.RandAugment._AUGMENTATION_SPACE
+    assert tuple(space) == OPS
+    for op, (fn, signed) in space.items():
+        ref, ours = fn(31, *side), rand_magnitudes(op, height=side[0], width=side[1])
+        assert (ref is None) == (ours is None), op
+        if ref is not None:
+            assert torch.equal(ref.float(), ours.float()), op
+        assert signed == (op in SIGNED), op
+
+
+def test_randaugment_applies_each_images_drawn_ops_in_turn() -> None:
+    """Replaying the generator's draws, each image is apply_op of its own ops at the one magnitude,
+    in order; grouped (CPU) and ungrouped (GPU) ways give the same images."""
+    x, n, num_ops, magnitude = images(n=64), 64, 2, 9
+    out = rand_augment_batch(x, num_ops=num_ops, magnitude=magnitude, generator=gen(5))
+    assert torch.equal(out, rand_augment_batch(x, generator=gen(5), grouped=False))
+    replay, expected = gen(5), x.clone()
+    for _ in range(num_ops):
+        op_index = torch.randint(0, len(OPS), (n,), generator=replay)
+        negative = torch.rand(n, generator=replay) <= 0.5
+        for i in range(n):
+            op = OPS[int(op_index[i])]
+            table = rand_magnitudes(op)
+            m = 0.0 if table is None else float(table[magnitude])
+            m = -m if op in SIGNED and negative[i] else m
+            expected[i] = apply_op(op, expected[i : i + 1], torch.tensor([m]))[0]
+    assert torch.equal(out, expected)
+    assert (out != x).flatten(1).any(1).float().mean() > 0.75  # two ops: few images unchanged
+    assert torch.equal(rand_augment_batch(x, num_ops=0, generator=gen(5)), x)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"num_ops": -1}, "num_ops must be an int >= 0"), ({"magnitude": 31}, r"bin in \[0, 30\]")],
+)
+def test_randaugment_rejects_bad_settings(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        rand_augment_batch(images(n=2), **kwargs)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)

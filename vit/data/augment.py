@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vit.data.trivial_augment import to_device, trivial_augment_batch
+from vit.data.trivial_augment import rand_augment_batch, to_device, trivial_augment_batch
 
 
 def _check_batch(images: Tensor, *, name: str) -> None:
@@ -165,18 +165,39 @@ def mix_batch(
 
 class TrainAugment(nn.Module):
     """The CIFAR-10 training augmentation: random crop with zero padding, random flip, and
-    (optional) TrivialAugment."""
+    (optional) TrivialAugment or RandAugment (`rand_ops` ops at bin `rand_magnitude`)."""
 
-    def __init__(self, *, padding: int = 4, hflip: bool = True, trivial: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        padding: int = 4,
+        hflip: bool = True,
+        trivial: bool = False,
+        rand_ops: int = 0,
+        rand_magnitude: int = 9,
+    ) -> None:
         super().__init__()
         if not isinstance(padding, int) or padding < 0:
             raise ValueError(
                 f"TrainAugment padding must be an int >= 0, got {padding!r}; "
                 "use 0 to turn cropping off."
             )
+        if not isinstance(rand_ops, int) or rand_ops < 0:
+            raise ValueError(f"rand_augment_ops must be an int >= 0 (0: off), got {rand_ops!r}.")
+        if not isinstance(rand_magnitude, int) or not 0 <= rand_magnitude <= 30:
+            raise ValueError(
+                f"rand_augment_magnitude must be an int bin in [0, 30], got {rand_magnitude!r} "
+                "(9 is timm's rand-m9)."
+            )
+        if trivial and rand_ops:
+            raise ValueError(
+                "trivial_augment and rand_augment_ops > 0 are two policies for the same place: "
+                "choose one (set trivial_augment: false or rand_augment_ops: 0)."
+            )
         self.padding = padding
         self.hflip = bool(hflip)
         self.trivial = bool(trivial)
+        self.rand_ops, self.rand_magnitude = rand_ops, rand_magnitude
 
     def forward(self, images: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
         """(B, C, H, W) uint8 -> (B, C, H, W) uint8, augmented per image."""
@@ -185,7 +206,14 @@ class TrainAugment(nn.Module):
             images = random_hflip(images, p=0.5, generator=generator)
         if self.trivial:
             images = trivial_augment(images, generator=generator)
+        if self.rand_ops:
+            images = rand_augment_batch(
+                images, num_ops=self.rand_ops, magnitude=self.rand_magnitude, generator=generator
+            )
         return images
 
     def extra_repr(self) -> str:
-        return f"padding={self.padding}, hflip={self.hflip}, trivial={self.trivial}"
+        rand = f", rand_ops={self.rand_ops}, rand_magnitude={self.rand_magnitude}"
+        return f"padding={self.padding}, hflip={self.hflip}, trivial={self.trivial}" + (
+            rand if self.rand_ops else ""
+        )

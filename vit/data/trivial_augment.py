@@ -1,7 +1,9 @@
-"""TrivialAugment on whole uint8 batches (https://arxiv.org/abs/2103.10158), one op per image.
+"""TrivialAugment (https://arxiv.org/abs/2103.10158) and RandAugment
+(https://arxiv.org/abs/1909.13719) on whole uint8 batches, each op drawn per image.
 
-The ops, magnitudes and pixel arithmetic are torchvision's TrivialAugmentWide (v2, nearest
-interpolation, black fill); a test holds each op to torchvision's per-image result. torchvision
+The ops, magnitudes and pixel arithmetic are torchvision's TrivialAugmentWide and RandAugment (v2,
+nearest interpolation, black fill); tests hold each op to torchvision's per-image result and each
+magnitude table to torchvision's. torchvision
 applies one op to a whole batch, so per-image draws would mean a Python loop over images; here
 every op runs once on the images that drew it, with a magnitude per image, so the cost is that
 of one pass over the batch. On a GPU every op runs on the whole batch instead and each image keeps
@@ -56,6 +58,28 @@ def magnitudes(op: str, num_bins: int = 31) -> Tensor | None:
         return torch.linspace(0.0, 135.0, num_bins)
     if op == "Posterize":
         return (8 - (torch.arange(num_bins) / ((num_bins - 1) / 6))).round()
+    if op == "Solarize":
+        return torch.linspace(1.0, 0.0, num_bins)
+    return None
+
+
+def rand_magnitudes(
+    op: str, num_bins: int = 31, *, height: int = 32, width: int = 32
+) -> Tensor | None:
+    """RandAugment's magnitude of each bin for `op` (None: the op takes none): milder than
+    TrivialAugmentWide's, and translations scale with the image."""
+    if op in ("ShearX", "ShearY"):
+        return torch.linspace(0.0, 0.3, num_bins)
+    if op == "TranslateX":
+        return torch.linspace(0.0, 150.0 / 331.0 * width, num_bins)
+    if op == "TranslateY":
+        return torch.linspace(0.0, 150.0 / 331.0 * height, num_bins)
+    if op == "Rotate":
+        return torch.linspace(0.0, 30.0, num_bins)
+    if op in ("Brightness", "Color", "Contrast", "Sharpness"):
+        return torch.linspace(0.0, 0.9, num_bins)
+    if op == "Posterize":
+        return (8 - (torch.arange(num_bins) / ((num_bins - 1) / 4))).round()
     if op == "Solarize":
         return torch.linspace(1.0, 0.0, num_bins)
     return None
@@ -189,18 +213,61 @@ def trivial_augment_batch(
     op_index = torch.randint(0, len(OPS), (b,), generator=generator, device=device)
     bins = torch.randint(0, num_bins, (b,), generator=generator, device=device)
     negative = torch.rand(b, generator=generator, device=device) <= 0.5
+    tables = {op: magnitudes(op, num_bins) for op in OPS}
+    return _apply_drawn(images, op_index, bins, negative, tables, grouped=grouped)
+
+
+def rand_augment_batch(
+    images: Tensor,
+    *,
+    num_ops: int = 2,
+    magnitude: int = 9,
+    generator: torch.Generator | None = None,
+    num_bins: int = 31,
+    grouped: bool | None = None,
+) -> Tensor:
+    """RandAugment: `num_ops` rounds, each drawing an op and a sign per image, all ops at the one
+    `magnitude` bin; each round runs batched as trivial_augment_batch does."""
+    if not isinstance(num_ops, int) or num_ops < 0:
+        raise ValueError(f"RandAugment num_ops must be an int >= 0, got {num_ops!r} (e.g. 2).")
+    if not isinstance(magnitude, int) or not 0 <= magnitude < num_bins:
+        raise ValueError(
+            f"RandAugment magnitude must be an int bin in [0, {num_bins - 1}], got {magnitude!r} "
+            "(e.g. 9, as timm's rand-m9)."
+        )
+    b, h, w = images.shape[0], *images.shape[-2:]
+    device = generator.device if generator is not None else images.device
+    tables = {op: rand_magnitudes(op, num_bins, height=h, width=w) for op in OPS}
+    bins = torch.full((b,), magnitude, device=device)
+    for _ in range(num_ops):
+        op_index = torch.randint(0, len(OPS), (b,), generator=generator, device=device)
+        negative = torch.rand(b, generator=generator, device=device) <= 0.5
+        images = _apply_drawn(images, op_index, bins, negative, tables, grouped=grouped)
+    return images
+
+
+def _apply_drawn(
+    images: Tensor,
+    op_index: Tensor,
+    bins: Tensor,
+    negative: Tensor,
+    tables: dict[str, Tensor | None],
+    *,
+    grouped: bool | None,
+) -> Tensor:
+    """Each image's drawn op at its bin's magnitude from `tables`, negated where drawn so."""
     if grouped is None:
         grouped = images.device.type == "cpu"
     if not grouped:
         draws = to_device(torch.stack([op_index, bins, negative.long()]), images.device)
-        return _ungrouped(images, *draws, num_bins=num_bins)
+        return _ungrouped(images, *draws, tables=tables)
     op_index, bins, negative = op_index.cpu(), bins.cpu(), negative.cpu()
     out = images.clone()
     for i, op in enumerate(OPS):
         chosen = (op_index == i).nonzero().flatten()
         if op == "Identity" or len(chosen) == 0:
             continue
-        table = magnitudes(op, num_bins)
+        table = tables[op]
         m = torch.zeros(len(chosen)) if table is None else table[bins[chosen]]
         if op in SIGNED:
             m = torch.where(negative[chosen], -m, m)
@@ -210,14 +277,19 @@ def trivial_augment_batch(
 
 
 def _ungrouped(
-    images: Tensor, op_index: Tensor, bins: Tensor, negative: Tensor, *, num_bins: int
+    images: Tensor,
+    op_index: Tensor,
+    bins: Tensor,
+    negative: Tensor,
+    *,
+    tables: dict[str, Tensor | None],
 ) -> Tensor:
     """Every op on the whole batch; each image keeps its own op's result (draws on its device)."""
     out = images
     for i, op in enumerate(OPS):
         if op == "Identity":
             continue
-        table = magnitudes(op, num_bins)
+        table = tables[op]
         if table is None:
             m = torch.zeros(len(images), device=images.device)
         else:

@@ -76,6 +76,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         crop_padding: pixels padded before the random crop back to image_size; 0: no crop.
         hflip: flip half the training images left to right.
         trivial_augment: TrivialAugment per image, as in experiments/cifar10_full.yaml.
+        rand_augment_ops: RandAugment's ops per image instead (0: off; 2 as timm's rand-m9-n2).
+        rand_augment_magnitude: RandAugment's one magnitude bin, 0-30.
         augment_in_loader: augment on the CPU as the loader gathers batches, not on the device.
         device_data: keep the training split on the training device as uint8 and gather each
             batch there: the loader yields positions only (for a GPU; not with augment_in_loader).
@@ -100,6 +102,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         crop_padding: int = 4,
         hflip: bool = True,
         trivial_augment: bool = False,
+        rand_augment_ops: int = 0,
+        rand_augment_magnitude: int = 9,
         augment_in_loader: bool = False,
         device_data: bool = False,
         drop_last: bool = True,
@@ -127,7 +131,11 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.train_augment = TrainAugment(
-            padding=crop_padding, hflip=hflip, trivial=trivial_augment
+            padding=crop_padding,
+            hflip=hflip,
+            trivial=trivial_augment,
+            rand_ops=rand_augment_ops,
+            rand_magnitude=rand_augment_magnitude,
         )
         self.train_dataset: TensorImageDataset | None = None
         self.val_dataset: TensorImageDataset | None = None
