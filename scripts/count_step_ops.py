@@ -57,6 +57,8 @@ def build(config: dict, batch: int) -> tuple:
         padding=data.get("crop_padding", 4),
         hflip=data.get("hflip", True),
         trivial=data.get("trivial_augment", False),
+        rand_ops=data.get("rand_augment_ops", 0),
+        rand_magnitude=data.get("rand_augment_magnitude", 9),
     )
     generator = torch.Generator().manual_seed(0)
     side = module.model.patch_embed.img_size

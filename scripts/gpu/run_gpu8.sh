@@ -4,7 +4,8 @@
 # 9 minutes (the fit capped at the budget + 55 s, evaluation at 40 s: under 600 s in all).
 #   here, once per checkout:  bash scripts/gpu/run_gpu8.sh --prepare   (wheels, data copy)
 #   on the device:            SEED=0 MINUTES=7.5 bash scripts/gpu/run_gpu8.sh  (run: timeout_s 600,
-#                             carry [".whl", ".devdata"])
+#                             carry [".whl", ".devdata"]); PROBE_S=60 first probes the bare step
+#                             (then MINUTES=6.5 keeps the call under 600 s)
 #   here, the plumbing only:  bash scripts/gpu/run_gpu8.sh --dry-run   (CPU, tiny, ~1.5 min)
 # The device's python3 has torch, lightning, torchmetrics, einops, tensorboard and matplotlib, but
 # not jsonargparse (nor docstring_parser, typeshed_client): those travel as wheels in .whl/.
@@ -89,6 +90,14 @@ if [[ $MODE == --dry-run ]]; then  # a CPU: no compiler run, float32, a 6-s budg
 fi
 FIT_S=$($PY -c "print(int($MINUTES * 60 + 55))")
 
+PROBE_S=${PROBE_S:-0}  # seconds of bare-step probe before the fit (scripts/gpu/probe.py); 0: none
+if [[ $PROBE_S != 0 ]]; then
+  stamp "probe: $PROBE_S s of bare steps"
+  PROBE_ARGS=(--seconds "$PROBE_S" --out "$WORK/probe.json")
+  [[ $MODE == --dry-run ]] && PROBE_ARGS+=(--device cpu --batch 16 --tiny)
+  timeout -k 5 $((PROBE_S + 60)) $PY "$REPO/scripts/gpu/probe.py" "${PROBE_ARGS[@]}" || true
+fi
+
 stamp "fit: $CARD, seed $SEED, budget $MINUTES min, killed after $FIT_S s"
 (while sleep 30; do cp "$WORK"/runs/gpu8/version_0/metrics.csv "$OUT/" 2>/dev/null || true; done) &
 COPIER=$!
@@ -110,7 +119,7 @@ stamp "evaluate ($CKPT), exit $EVAL_RC"
 $PY "$REPO/scripts/plot_curve.py" "$RUN" --labels "gpu8.yaml, $CARD, seed $SEED" \
   --title "gpu8.yaml: val/acc in an $MINUTES-minute fit" --out "$OUT/curve.png" || true
 $PY "$REPO/scripts/gpu/summary.py" "$RUN" --test "$OUT/metrics_test.json" --card "$CARD" \
-  --fit-exit "$FIT_RC" --out "$OUT/summary.json" || true
+  --fit-exit "$FIT_RC" --probe "$WORK/probe.json" --out "$OUT/summary.json" || true
 stamp end
 ls -l "$OUT"
 [[ $FIT_RC == 0 && $EVAL_RC == 0 ]]

@@ -101,9 +101,12 @@ def main() -> None:
     p.add_argument("--test", type=Path, default=None, help="vit-evaluate's metrics_test.json")
     p.add_argument("--card", default="")
     p.add_argument("--fit-exit", type=int, default=0)
+    p.add_argument("--probe", type=Path, default=None, help="scripts/gpu/probe.py's --out, if run")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     summary = summarize(args.run, args.test, args.card, args.fit_exit)
+    if args.probe is not None and args.probe.is_file():  # the bare step beside the fit's
+        summary["probe"] = json.loads(args.probe.read_text())
     args.out.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 

@@ -25,6 +25,28 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
+def split_train_val(
+    num_images: int, *, val_size: int, seed: int, train_subset: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """(train, val) sorted indices into a training split of `num_images`: one seeded permutation,
+    validation taken first; `train_subset` keeps the first of the rest, so subsets are nested."""
+    if val_size >= num_images:
+        raise ValueError(
+            f"val_size={val_size} leaves no training images: the training split has "
+            f"{num_images}; choose val_size < {num_images}."
+        )
+    perm = torch.randperm(num_images, generator=torch.Generator().manual_seed(seed))
+    val, train = perm[:val_size], perm[val_size:]
+    if train_subset is not None:
+        if train_subset > len(train):
+            raise ValueError(
+                f"train_subset={train_subset} exceeds the {len(train)} training images "
+                f"left after val_size={val_size}; lower it or set it to None."
+            )
+        train = train[:train_subset]
+    return train.sort().values, val.sort().values
+
+
 def preprocess(images: Tensor) -> Tensor:
     """uint8 (B, 3, H, W) -> float32 normalized with the CIFAR-10 mean and std (no augmentation)."""
     return normalize(images, CIFAR10_MEAN, CIFAR10_STD)

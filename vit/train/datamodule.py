@@ -30,6 +30,7 @@ from vit.data.datasets import (
     TensorImageDataset,
     collate_batch,
     preprocess,
+    split_train_val,
 )
 from vit.data.folder_source import (
     SPLITS,
@@ -221,22 +222,12 @@ class CIFAR10DataModule(L.LightningDataModule):
     def split_indices(self, num_images: int) -> tuple[Tensor, Tensor]:
         """(train, val) indices into the training split: a seeded permutation, val taken first."""
         hp = self.hparams
-        if hp.val_size >= num_images:
-            raise ValueError(
-                f"val_size={hp.val_size} leaves no training images: the training split has "
-                f"{num_images}; choose val_size < {num_images}."
-            )
-        split_seed = hp.seed if hp.split_seed is None else hp.split_seed
-        perm = torch.randperm(num_images, generator=torch.Generator().manual_seed(split_seed))
-        val, train = perm[: hp.val_size], perm[hp.val_size :]
-        if hp.train_subset is not None:
-            if hp.train_subset > len(train):
-                raise ValueError(
-                    f"train_subset={hp.train_subset} exceeds the {len(train)} training images "
-                    f"left after val_size={hp.val_size}; lower it or set it to None."
-                )
-            train = train[: hp.train_subset]  # nested: a smaller subset is part of a larger one
-        return train.sort().values, val.sort().values
+        return split_train_val(
+            num_images,
+            val_size=hp.val_size,
+            seed=hp.seed if hp.split_seed is None else hp.split_seed,
+            train_subset=hp.train_subset,
+        )
 
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit", "validate") and self.train_dataset is None:
