@@ -66,6 +66,10 @@ def test_vit_tiny_matches_the_benchmark_size() -> None:
         (dict(patch_drop_rate=1.0), "patch_drop_rate=1.0 must be in \\[0, 1\\)"),
         (dict(mlp_ratio=0), "mlp_ratio=0"),
         (dict(global_pool="token", class_token=False), "needs class_token=True"),
+        (
+            dict(img_size=8, patch_size=8, class_token=False, global_pool="avg", lsa=True),
+            "lsa=True needs at least 2 tokens",
+        ),
         (dict(pos_embed="rotary"), "pos_embed='rotary'"),
         (dict(attn_init="xavier"), "attn_init='xavier' must be one of"),
         (dict(pos_init="zeros"), "pos_init='zeros' must be one of"),

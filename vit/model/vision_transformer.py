@@ -252,6 +252,11 @@ def _check_config(cfg: dict[str, Any]) -> None:
             f"patch_size={cfg['patch_size']} is larger than img_size={cfg['img_size']}; "
             f"use a patch that divides the image, e.g. 4 for 32x32."
         )
+    if cfg["lsa"] and (cfg["img_size"] // cfg["patch_size"]) ** 2 + cfg["class_token"] < 2:
+        raise ValueError(  # LSA masks each token's own score: one token would attend to nothing
+            "lsa=True needs at least 2 tokens, but this model has 1 (one patch, no class token); "
+            "use a smaller patch_size, class_token=True, or lsa=False."
+        )
     if cfg["global_pool"] not in ("token", "avg"):
         raise ValueError(f"global_pool={cfg['global_pool']!r} must be 'token' or 'avg'.")
     if cfg["global_pool"] == "token" and not cfg["class_token"]:

@@ -3,6 +3,7 @@ curricula are written in, both driven by the fraction of training done."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any, Literal
 
 import torch
 
+log = logging.getLogger(__name__)
 DECAYS = ("cosine", "linear")  # shapes of the learning-rate decay after warm-up
 FINE = 1_000_000  # steps of the schedule's table when it runs on a fraction of the time
 
@@ -101,7 +103,7 @@ def lr_scheduler(
             )
         fine = WarmupCosine(
             total_steps=FINE,
-            warmup_steps=round(FINE * (config.warmup_fraction or 0.0)),
+            warmup_steps=min(FINE - 1, round(FINE * (config.warmup_fraction or 0.0))),
             min_ratio=min_ratio,
             decay=config.decay,
         )
@@ -113,6 +115,16 @@ def lr_scheduler(
         if config.warmup_fraction is not None
         else round(total_steps * config.warmup_epochs / epochs)
     )
+    if warmup >= total_steps > 1:  # a warm-up that long would end training at the peak
+        log.warning(
+            "the warm-up (%d steps) is not shorter than training (%d steps): warming up for %d "
+            "so that the learning rate still decays; lower model.schedule.warmup_epochs or "
+            "raise trainer.max_epochs",
+            warmup,
+            total_steps,
+            total_steps // 2,
+        )
+        warmup = total_steps // 2
     schedule = WarmupCosine(
         total_steps=total_steps, warmup_steps=warmup, min_ratio=min_ratio, decay=config.decay
     )
