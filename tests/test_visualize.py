@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import train_args
+from tests.helpers import REPO, train_args
 from vit.commands.train import train_main
 from vit.commands.visualize import run_visualize
 from vit.train.callbacks.pictures import AttentionMapLogger
@@ -96,15 +96,22 @@ def test_callback_logs_attention_images_to_tensorboard(image_tree: Path, tmp_pat
         AttentionMapLogger(every_n_epochs=0)
 
 
-def test_save_figure_writes_the_png_and_closes_the_figure(tmp_path: Path) -> None:
-    """Scripts writing many figures (vit-visualize, vit-evaluate, plot_curve) keep none open."""
+def test_figures_stay_outside_pyplot_and_the_backend_is_the_callers(tmp_path: Path) -> None:
+    """Scripts writing many figures (vit-visualize, vit-evaluate, plot_curve) keep none open, and
+    importing the plots leaves a notebook's backend (its inline pictures) alone."""
+    import subprocess
+    import sys
+
     import matplotlib.pyplot as plt
     import torch
 
     from vit.maps.plots import plot_confusion_matrix, save_figure
 
+    open_before = set(plt.get_fignums())
     fig = plot_confusion_matrix(torch.eye(3, dtype=torch.long), classes=["a", "b", "c"])
-    assert fig.number in plt.get_fignums()
     save_figure(fig, tmp_path / "cm.png", dpi=50)
-    assert fig.number not in plt.get_fignums()
+    assert set(plt.get_fignums()) == open_before
+    check = "import matplotlib; matplotlib.use('svg'); import vit.maps.plots; "
+    check += "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()"
+    subprocess.run([sys.executable, "-c", check], check=True, cwd=REPO)
     assert _size(tmp_path / "cm.png")[0] > 0

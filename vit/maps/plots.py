@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display needed; figures are written to files
-
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from torch import Tensor  # noqa: E402
+import torch
+import torch.nn.functional as F
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from torch import Tensor
 
 from vit.data.datasets import preprocess
 from vit.maps.capture import attention_maps, patch_grid, query_map
@@ -18,12 +14,16 @@ from vit.maps.rollout import rollout_map
 from vit.model.vision_transformer import VisionTransformer
 
 
+def _subplots(*grid: int, figsize: tuple[float, float], **kwargs) -> tuple[Figure, Axes]:
+    """A Figure of its own, outside pyplot: no backend is chosen for the caller (a notebook keeps
+    its inline pictures), and nothing stays open once the figure is dropped."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **kwargs)
+
+
 def save_figure(fig: Figure, path, **savefig_kwargs) -> None:
-    """Write a figure to a file and close it, so that a script writing many keeps none open."""
-    try:
-        fig.savefig(path, **savefig_kwargs)
-    finally:
-        plt.close(fig)
+    """Write a figure to a file (PNG through Agg, whatever backend pyplot uses)."""
+    fig.savefig(path, **savefig_kwargs)
 
 
 def plot_confusion_matrix(confusion: Tensor, *, classes: list[str], title: str = "") -> Figure:
@@ -31,7 +31,7 @@ def plot_confusion_matrix(confusion: Tensor, *, classes: list[str], title: str =
     counts = confusion.float()
     rates = counts / counts.sum(dim=1, keepdim=True).clamp(min=1)
     n = len(classes)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n))
+    fig, ax = _subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n))
     ax.imshow(rates.numpy(), cmap="Blues", vmin=0, vmax=1)
     ax.set_xticks(range(n), classes, rotation=45, ha="right")
     ax.set_yticks(range(n), classes)
@@ -46,7 +46,7 @@ def plot_confusion_matrix(confusion: Tensor, *, classes: list[str], title: str =
     return fig
 
 
-def _show_image(ax: plt.Axes, image: Tensor) -> None:
+def _show_image(ax: Axes, image: Tensor) -> None:
     """Draw a (3, H, W) uint8 or [0, 1] float image."""
     img = image.detach().cpu()
     img = img.float() / 255 if img.dtype == torch.uint8 else img.float().clamp(0, 1)
@@ -66,7 +66,7 @@ def plot_overlays(
 ) -> Figure:
     """A row per image: the image, and the image with the map overlaid (upsampled smoothly)."""
     heat = upsample(maps, tuple(images.shape[-2:]))
-    fig, axes = plt.subplots(len(images), 2, figsize=(4.2, 2.1 * len(images)), squeeze=False)
+    fig, axes = _subplots(len(images), 2, figsize=(4.2, 2.1 * len(images)), squeeze=False)
     for row, (image, h, title) in enumerate(zip(images, heat, titles, strict=True)):
         _show_image(axes[row, 0], image)
         axes[row, 0].set_title(title, fontsize=8)
@@ -82,7 +82,7 @@ def plot_map_grid(
 ) -> Figure:
     """The image, then a grid of patch maps (rows x cols x g_h x g_w), each scaled to its own max."""
     rows, cols = maps.shape[:2]
-    fig, axes = plt.subplots(rows, cols + 1, figsize=(1.5 * (cols + 1), 1.5 * rows), squeeze=False)
+    fig, axes = _subplots(rows, cols + 1, figsize=(1.5 * (cols + 1), 1.5 * rows), squeeze=False)
     for r in range(rows):
         if r == 0:
             _show_image(axes[0, 0], image)
@@ -113,7 +113,7 @@ def plot_learning_curves(
     xlabel: str = "wall-clock minutes of training",
 ) -> Figure:
     """One line per run: y (e.g. validation accuracy) against wall-clock minutes (or steps)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _subplots(figsize=(6, 4))
     for label, (minutes, values) in curves.items():
         ax.plot(minutes, values, marker="o", markersize=3, label=label)
     ax.set_xlabel(xlabel)

@@ -32,7 +32,7 @@ class AttentionMapLogger(L.Callback):
         data = getattr(trainer.datamodule, "val_dataset", None)
         if not loggers or data is None or not trainer.is_global_zero:
             return
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         from vit.maps.plots import render
 
@@ -42,8 +42,9 @@ class AttentionMapLogger(L.Callback):
         figures = render(model, images.to(pl_module.device), classes=classes, labels=labels)
         for name in ("rollout", "layers_heads_0"):
             fig = figures[name]
-            fig.canvas.draw()
-            pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()  # (H, W, 3)
+            canvas = FigureCanvasAgg(fig)  # the figures belong to no backend: draw them here
+            canvas.draw()
+            pixels = np.asarray(canvas.buffer_rgba())[..., :3].copy()  # (H, W, 3)
             for logger in loggers:
                 logger.experiment.add_image(
                     f"attention/{name}",
@@ -51,5 +52,3 @@ class AttentionMapLogger(L.Callback):
                     trainer.global_step,
                     dataformats="HWC",
                 )
-        for fig in figures.values():
-            plt.close(fig)
