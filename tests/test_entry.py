@@ -161,7 +161,8 @@ import sys
 from vit.commands import entry
 from vit.system import mkl_amd
 ARGS = {
-    "train": ["fit", "--help"], "evaluate": ["--help"], "visualize": ["--help"], "explore": ["--help"]
+    "train": ["fit", "--help"], "evaluate": ["--help"], "visualize": ["--help"], "explore": ["--help"],
+    "predict": ["--help"],
 }
 class Stop(Exception):
     pass
@@ -191,12 +192,19 @@ def test_each_command_switches_mkl_before_torch_loads_and_helps() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [ln for ln in lines if ln.startswith(("SWITCH", "EXIT"))] == [
-        *["SWITCH torch loaded: False"] * 4,
+        *["SWITCH torch loaded: False"] * 5,
         "EXIT train 0",
         "EXIT evaluate 0",
         "EXIT visualize 0",
         "EXIT explore 0",
+        "EXIT predict 0",
     ]
-    usages = ("vit-train [options] fit", "vit-evaluate", "vit-visualize", "vit-explore")
+    usages = (
+        "vit-train [options] fit",
+        "vit-evaluate",
+        "vit-visualize",
+        "vit-explore",
+        "vit-predict",
+    )
     for usage in (f"usage: {u}" for u in usages):
         assert usage in done.stdout, usage

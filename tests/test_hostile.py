@@ -1,6 +1,7 @@
 """A checkpoint whose pickle would run code is refused, and the code never runs, through every
 path that reads a checkpoint: the library loaders, ViTClassifier.load_from_checkpoint, and the
-commands (vit-train's --ckpt_path, vit-evaluate, vit-visualize, vit-explore)."""
+commands (vit-train's --ckpt_path and --model.init_from, vit-evaluate, vit-visualize, vit-explore,
+vit-predict), fine-tuning's init_from and save_pretrained."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import pytest
 from tests.helpers import TINY, Payload, train_args, vit_train_checkpoint
 from vit.commands.evaluate import evaluate_main
 from vit.commands.explore import explore_main
+from vit.commands.predict import predict_main
 from vit.commands.train import train_main
 from vit.commands.visualize import visualize_main
 from vit.io.checkpoint import load_checkpoint
+from vit.io.hub import save_pretrained
+from vit.io.init_from import init_from
 from vit.io.load import load_model, load_weights
 from vit.model.vision_transformer import VisionTransformer
 from vit.train.module import ViTClassifier
@@ -38,6 +42,14 @@ def _train(subcommand: str, ckpt_path: str) -> Callable[[Path, Path], object]:
     return run
 
 
+def _image(tmp: Path) -> Path:
+    """A 32x32 PNG for vit-predict to read once the model loaded."""
+    from PIL import Image
+
+    Image.new("RGB", (32, 32)).save(tmp / "image.png")
+    return tmp / "image.png"
+
+
 # every path that reads a checkpoint, as a user reaches it: (path, tmp_path) -> anything
 READERS: dict[str, Callable[[Path, Path], object]] = {
     "load_checkpoint": lambda p, tmp: load_checkpoint(p),
@@ -51,6 +63,12 @@ READERS: dict[str, Callable[[Path, Path], object]] = {
     "vit-evaluate": lambda p, tmp: evaluate_main([str(p), "--output-dir", str(tmp / "eval")]),
     "vit-visualize": lambda p, tmp: visualize_main([str(p), "--output-dir", str(tmp / "maps")]),
     "vit-explore": lambda p, tmp: explore_main([str(p), "--output", str(tmp / "page.html")]),
+    "vit-predict": lambda p, tmp: predict_main([str(p), str(_image(tmp))]),
+    "vit-train fit --model.init_from FILE": lambda p, tmp: train_main(
+        train_args(tmp / "data", tmp / "runs", f"--model.init_from={p}")
+    ),
+    "init_from": lambda p, tmp: init_from(VisionTransformer(**{**TINY, "num_classes": 3}), p),
+    "save_pretrained": lambda p, tmp: save_pretrained(p, tmp / "hub"),
 }
 
 

@@ -57,7 +57,7 @@ def test_a_registered_name_whose_file_is_absent_says_so(tmp_path, monkeypatch) -
 
 def test_the_shipped_files_are_package_data() -> None:
     text = (REPO / "pyproject.toml").read_text()
-    assert 'vit = ["io/weights/*.safetensors", "maps/assets/*"]' in text
+    assert 'vit = ["io/weights/*.safetensors", "io/weights/*.md", "maps/assets/*"]' in text
     assert all(name.endswith(".safetensors") for name in PRETRAINED.values())
     assert pretrained.WEIGHTS_DIR.parent == Path(pretrained.__file__).resolve().parent
 

@@ -5,6 +5,7 @@ The public API, in one place:
     import vit
     model = vit.create_model("vit_tiny", num_classes=10)
     model, ckpt = vit.load_model("vit-tiny-d4-cifar10-cpu60")  # a checkpoint, .safetensors or name
+    vit.save_pretrained(model, "my-vit")  # the Hub's layout; vit.from_pretrained("my-vit")
     logits, maps = vit.attention_maps(model, images)
 
 Importing it only defines things: each name loads its module on first use (PEP 562), so
@@ -32,6 +33,9 @@ _API = {
     "export_safetensors": "vit.io.load",
     "load_safetensors": "vit.io.safetensors_file",
     "load_checkpoint": "vit.io.checkpoint",
+    "save_pretrained": "vit.io.hub",
+    "from_pretrained": "vit.io.hub",
+    "push_to_hub": "vit.io.hub",
     "from_timm": "vit.io.timm_interop",
     "to_timm": "vit.io.timm_interop",
     "ViTClassifier": "vit.train.module",
@@ -45,19 +49,23 @@ __all__ = [
     "attention_maps",
     "create_model",
     "export_safetensors",
+    "from_pretrained",
     "from_timm",
     "grad_rollout",
     "load_checkpoint",
     "load_model",
     "load_safetensors",
     "load_weights",
+    "push_to_hub",
     "query_map",
     "rollout_map",
+    "save_pretrained",
     "to_timm",
 ]
 
 if TYPE_CHECKING:  # for type checkers and editors; never run
     from vit.io.checkpoint import load_checkpoint
+    from vit.io.hub import from_pretrained, push_to_hub, save_pretrained
     from vit.io.load import export_safetensors, load_model, load_weights
     from vit.io.safetensors_file import load_safetensors
     from vit.io.timm_interop import from_timm, to_timm

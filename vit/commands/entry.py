@@ -44,6 +44,14 @@ def explore() -> None:
     explore_main()
 
 
+def predict() -> None:
+    """`vit-predict`: the top-k classes of your own images (vit/commands/predict.py)."""
+    switch_mkl()
+    from vit.commands.predict import predict_main
+
+    predict_main()
+
+
 def switch_mkl() -> None:
     """The switch, logged once, for the commands that log plain messages (scripts/benchmark.py
     too); call it before anything imports torch."""

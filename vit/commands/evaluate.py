@@ -29,11 +29,14 @@ def evaluate_main(argv: list[str] | None = None) -> None:
 
 
 def default_eval_dir(checkpoint: Path) -> Path:
-    """eval/ beside a run's checkpoints/ folder, or beside a .safetensors; eval/NAME in the working
-    folder for shipped weights, which live inside the installed package."""
+    """eval/ beside a run's checkpoints/ folder, or beside a .safetensors or save_pretrained
+    folder; eval/NAME in the working folder for shipped weights, which live inside the installed
+    package, and for hf-hub:owner/name (the Hub's cache)."""
     if str(checkpoint) in PRETRAINED:
         return Path("eval") / str(checkpoint)
-    if checkpoint.suffix == ".safetensors":
+    if str(checkpoint).startswith("hf-hub:"):
+        return Path("eval") / str(checkpoint).removeprefix("hf-hub:").replace("/", "--")
+    if checkpoint.suffix == ".safetensors" or checkpoint.is_dir():
         return checkpoint.parent / "eval"
     return checkpoint.parent.parent / "eval"
 

@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.io.checkpoint import load_checkpoint
+from vit.io.init_from import check_init_source
 from vit.io.migrate import LEGACY_CLASS_PATHS
 from vit.system import mkl_amd
 from vit.system.hardware import cpu_precision
@@ -80,6 +81,9 @@ class ViTCLI(LightningCLI):
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             config.ckpt_path = resume_latest_run(config.trainer.logger)
             load_checkpoint(config.ckpt_path)  # a file that could run code: refused, clearly
+        if self.subcommand == "fit" and config.model.get("init_from") and not config.ckpt_path:
+            # a missing file or another architecture fails here, before the data is decoded
+            check_init_source(config.model.init_from, vars(config.model.network.clone()))
         if "weights_only" in config:  # Lightning's own load of --ckpt_path: weights-only too
             if config.weights_only is False:
                 raise ValueError(

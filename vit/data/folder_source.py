@@ -15,6 +15,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import tarfile
 import time
 from collections.abc import Iterator
@@ -64,8 +65,9 @@ def decode_image_bytes(data: bytes, *, name: str) -> Tensor:
             with Image.open(io.BytesIO(data)) as pil:
                 array = np.array(pil.convert("RGB"), dtype=np.uint8)  # (H, W, 3)
         except (UnidentifiedImageError, OSError, ValueError) as err:
+            reason = re.sub(r" ?<[^<>]* at 0x[0-9a-f]+>", "", str(err))  # PIL names the buffer
             raise ValueError(
-                f"cannot decode image file {name} ({err}); delete or replace it."
+                f"cannot decode image file {name} ({reason}); delete or replace it."
             ) from err
         image = torch.from_numpy(array).permute(2, 0, 1).contiguous()
     return image if image.dtype == torch.uint8 else to_dtype(image, torch.uint8, scale=True)

@@ -27,8 +27,8 @@ WEIGHTS_HELP = (
 
 
 CHECKPOINT_HELP = (
-    "a .ckpt written by vit-train, a .safetensors from export_safetensors, or the name of "
-    "shipped weights: " + available()
+    "a .ckpt written by vit-train, a .safetensors from export_safetensors, a save_pretrained "
+    "folder, hf-hub:owner/name (downloaded), or the name of shipped weights: " + available()
 )
 
 

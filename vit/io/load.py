@@ -1,5 +1,5 @@
 """A trained model without Lightning: load_model and load_weights for checkpoints, .safetensors
-files and shipped names; export_safetensors to share one."""
+files, save_pretrained folders and shipped names; export_safetensors to share one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vit.io.checkpoint import WEIGHTS, load_checkpoint
-from vit.io.pretrained import resolve
+from vit.io.hub_folder import hub_folder_model, resolve_weights
 from vit.io.safetensors_file import (
     SAFETENSORS_FORMAT,
     _read_safetensors,
@@ -36,23 +36,27 @@ def load_model(
 ) -> tuple[VisionTransformer, dict[str, Any]]:
     """A plain VisionTransformer in eval mode (no Lightning needed), and the checkpoint dict.
 
-    `path`: a vit-train .ckpt, a .safetensors from export_safetensors, or the name of shipped
-    weights (vit/io/pretrained.py). For a .safetensors the dict is shaped like the parts of a
-    checkpoint the commands read (safetensors_info). `weights` picks which weights of a
+    `path`: a vit-train .ckpt, a .safetensors from export_safetensors, a save_pretrained folder
+    (or `hf-hub:owner/name`, downloaded), or the name of shipped weights (vit/io/pretrained.py).
+    For the last three the dict is shaped like the parts of a checkpoint the commands read
+    (safetensors_info). `weights` picks which weights of a
     checkpoint trained with vit.train.callbacks.EMA load: "average" (its `state_dict`) or "live" (the
     trained weights themselves); None loads `state_dict`, whichever that holds. `overrides`
     replace constructor arguments; `img_size=48` loads a 32x32 model at 48x48, with the learned
     position table resized on the patch grid.
     """
     _check_overrides(overrides)
-    path = resolve(path)
-    if path.suffix == ".safetensors":
+    path = resolve_weights(path)
+    if path.suffix == ".safetensors" or path.is_dir():
         if weights is not None:
             raise ValueError(
                 f"{str(path)!r} holds one set of plain weights ({weights!r} asked for); leave "
-                f"out the weights choice for a .safetensors file."
+                f"out the weights choice for a .safetensors file or save_pretrained folder."
             )
-        model, metadata = _safetensors_model(path, overrides)
+        if path.is_dir():
+            model, metadata = hub_folder_model(path, overrides)
+        else:
+            model, metadata = _safetensors_model(path, overrides)
         return model, safetensors_info(metadata)
     ckpt = load_checkpoint(path)
     try:

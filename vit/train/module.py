@@ -26,6 +26,7 @@ from vit.io.migrate import is_old_layout, migrate_checkpoint, migrate_metric_sta
 from vit.model.config import NetworkConfig
 from vit.system.hardware import check_cpp_compiler
 from vit.train.evaluation import flip_averaged_logits
+from vit.train.finetune import start_from_weights
 from vit.train.optim import OptimizerConfig, build_optimizer, check_resume_layout
 from vit.train.resume import restore_rng_and_loss, save_rng_and_loss
 from vit.train.schedule import ScheduleConfig, lr_scheduler
@@ -52,6 +53,8 @@ class ViTClassifier(L.LightningModule):
         torch_compile: Compile the network for the fit (needs a C++ compiler on a CPU).
         compile_mode: torch.compile's mode (reduce-overhead adds CUDA graphs on a GPU).
         class_names: Names of the classes in label order (None: taken from the data).
+        init_from: Trained weights to start a fresh fit from (fine-tuning): a .ckpt, a
+            .safetensors, a save_pretrained folder, hf-hub:owner/name or a shipped name.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class ViTClassifier(L.LightningModule):
         torch_compile: bool = False,
         compile_mode: CompileMode = "default",
         class_names: list[str] | None = None,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         # dicts come from checkpoints and hparams.yaml; the configs check their own values
@@ -135,7 +139,8 @@ class ViTClassifier(L.LightningModule):
         ckpt = load_checkpoint(checkpoint_path)
         accepted = inspect.signature(cls.__init__).parameters
         saved = {k: v for k, v in ckpt["hyper_parameters"].items() if k in accepted}
-        module = cls(**{**saved, **overrides})
+        # its weights are loaded here: a later fit must not start again from init_from's
+        module = cls(**{**saved, "init_from": None, **overrides})
         module.load_state_dict(ckpt["state_dict"], strict=strict)
         return module if map_location is None else module.to(map_location)
 
@@ -213,6 +218,7 @@ class ViTClassifier(L.LightningModule):
         its parameter names and checkpoints stay those of the eager model, and loading a
         checkpoint for evaluation stays eager. Static shapes: each image size of a resolution
         curriculum, and each batch size, compiles once."""
+        start_from_weights(self)  # init_from, before any compile
         if self.hparams.torch_compile:
             if self.device.type == "cpu":
                 check_cpp_compiler()

@@ -1,0 +1,24 @@
+#!/bin/bash
+# The mutation run over the code that decides results (pyproject.toml's [tool.mutmut]: the files,
+# and the tests used): mutmut 3 generates every small change, runs the tests that reach each
+# changed function, and keeps each outcome in mutants/ (git-ignored), so a stopped run resumes
+# where it stopped and a rerun after an edit retests only what changed. Hours on 2 cores: run it
+# in the background, then write the table:
+#   nohup bash scripts/mutation_run.sh > /tmp/mutation.log 2>&1 &
+#   bash scripts/mutation_run.sh vit.model.attention    # one module (a mutant-name prefix)
+#   python scripts/mutation_table.py                    # experiments/record/mutations/mutmut.md
+# Why mutmut and not cosmic-ray: mutmut maps each function to the tests that call it and forks
+# per mutant from a warm interpreter, so a mutant costs its few tests, not the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MUTMUT=mutmut
+[[ -x .venv/bin/mutmut ]] && MUTMUT=.venv/bin/mutmut
+if ! command -v "$MUTMUT" >/dev/null; then
+  echo "mutmut is not installed: pip install -e '.[mutation]'" >&2
+  exit 2
+fi
+if [[ $# -gt 0 ]]; then
+  for prefix in "$@"; do nice -n 5 "$MUTMUT" run "$prefix*"; done
+else
+  nice -n 5 "$MUTMUT" run
+fi

@@ -1,0 +1,116 @@
+"""The mutation score per module, from mutmut's results (scripts/mutation_run.sh runs it).
+
+    python scripts/mutation_table.py            # writes experiments/record/mutations/mutmut.md
+
+Reads mutants/**/*.meta (mutmut's own record of each mutant's outcome) and the reviewed survivors
+in experiments/record/mutations/reviewed.tsv (mutant, verdict, reason; verdict `equivalent`: the
+mutant computes the same results; `untestable`: it changes only what no test can observe, e.g.
+speed). The score is killed / (all - equivalent); untestable mutants count against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import platform
+import re
+import subprocess
+from collections import Counter
+from importlib.metadata import version
+from pathlib import Path
+
+import tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+RECORD = REPO / "experiments" / "record" / "mutations"
+# mutmut's exit codes (mutmut/stats.py): 1 and 3 are test failures, 0 a survivor
+STATUS = {1: "killed", 3: "killed", 0: "survived", 33: "no tests", 5: "no tests", 34: "skipped"}
+STATUS |= {36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout"}
+STATUS |= {37: "killed", -11: "segfault", -9: "segfault", None: "not checked"}
+COLUMNS = ("killed", "survived", "timeout", "no tests", "not checked", "other")
+
+
+def listed_modules() -> list[str]:
+    """The files pyproject.toml's [tool.mutmut] only_mutate names, in its order."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return list(config["only_mutate"])
+
+
+def reviewed() -> dict[str, tuple[str, str]]:
+    path = RECORD / "reviewed.tsv"
+    if not path.is_file():
+        return {}
+    rows = csv.reader(path.open(), delimiter="\t")
+    return {r[0]: (r[1], r[2]) for r in rows if r and not r[0].startswith("#")}
+
+
+def outcomes(module: str) -> dict[str, str]:
+    """mutant name -> status, for one source file."""
+    meta = REPO / "mutants" / (module + ".meta")
+    if not meta.is_file():
+        return {}
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return {name: STATUS.get(code, "other") for name, code in codes.items()}
+
+
+def cpu_kind() -> str:
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = re.search(r"Model name:\s*(.+)", lscpu)
+    flags = set(re.search(r"Flags:\s*(.+)", lscpu).group(1).split()) if "Flags:" in lscpu else set()
+    isa = (
+        "amx"
+        if "amx_bf16" in flags
+        else "avx512bf16"
+        if "avx512_bf16" in flags
+        else ("avx512" if "avx512f" in flags else "avx2")
+    )
+    return f"{model.group(1).strip() if model else platform.processor()} ({isa})"
+
+
+def table(command: str) -> str:
+    review = reviewed()
+    lines = [
+        "# Mutation score per module (mutmut)",
+        "",
+        f"Date {datetime.date.today()}; mutmut {version('mutmut')}; CPU {cpu_kind()}.",
+        f"Command: `{command}` then `python scripts/mutation_table.py`.",
+        "Score = killed / (all - equivalent); survivors reviewed in [reviewed.tsv](reviewed.tsv).",
+        "",
+        "| module | mutants | " + " | ".join(COLUMNS) + " | equivalent | untestable | score |",
+        "|---" * (len(COLUMNS) + 5) + "|",
+    ]
+    survivors: list[str] = []
+    for module in listed_modules():
+        status = outcomes(module)
+        counts = Counter(status.values())
+        verdicts = Counter(review[m][0] for m in status if m in review)
+        equivalent = verdicts["equivalent"]
+        checked = len(status) - counts["not checked"]
+        denominator = len(status) - equivalent
+        score = f"{100 * counts['killed'] / denominator:.1f}%" if denominator and checked else "-"
+        if counts["not checked"]:
+            score += f" ({counts['not checked']} not run yet)"
+        row = [module, str(len(status))] + [str(counts[c]) for c in COLUMNS]
+        lines.append(
+            "| " + " | ".join(row + [str(equivalent), str(verdicts["untestable"]), score]) + " |"
+        )
+        survivors += [m for m, s in status.items() if s == "survived" and m not in review]
+    lines += ["", f"Survivors not yet reviewed: {len(survivors)}."]
+    lines += [f"- `{m}`" for m in sorted(survivors)[:200]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--command", default="bash scripts/mutation_run.sh")
+    parser.add_argument("--out", type=Path, default=RECORD / "mutmut.md")
+    args = parser.parse_args()
+    text = table(args.command)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

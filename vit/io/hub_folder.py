@@ -1,0 +1,116 @@
+"""Reading the Hugging Face Hub's layout: a folder of config.json, model.safetensors and a model
+card (README.md), local or downloaded by `hf-hub:owner/name`. Writing it: vit/io/hub.py.
+
+config.json holds what an export_safetensors file keeps in its metadata (format, config,
+class_names, weights, and how the weights were made), with JSON values instead of strings, so
+a folder and a .safetensors file describe a model alike.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from vit.io.pretrained import resolve
+from vit.io.safetensors_file import SAFETENSORS_FORMAT, _read_safetensors
+from vit.io.state_dict import fit_state_dict
+from vit.model.vision_transformer import VisionTransformer
+
+CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "model.safetensors", "README.md"
+HUB_PREFIX = "hf-hub:"  # timm's prefix for a Hub repository: hf-hub:owner/name
+JSON_KEYS = ("config", "class_names")  # JSON-encoded in safetensors metadata, plain in config.json
+
+
+def resolve_weights(spec: str | Path) -> Path:
+    """The file or folder behind `spec`: `hf-hub:owner/name` (downloaded once to the Hub's cache),
+    a shipped name, or an existing path; anything else fails naming what was looked for."""
+    key = str(spec)
+    if key.startswith(HUB_PREFIX):
+        return hub_download(key[len(HUB_PREFIX) :])
+    return resolve(spec)
+
+
+def hub_download(repo_id: str) -> Path:
+    """A local copy of a Hub repository's files (huggingface_hub's cache; offline when cached)."""
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ValueError(
+            f"{repo_id!r} is not a Hub repository id; expected owner/name, e.g. "
+            f"hf-hub:your-name/vit-tiny-digits."
+        )
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ValueError(
+            f"loading {HUB_PREFIX}{repo_id} needs huggingface_hub: pip install 'vit[hub]' (or "
+            f"download the repository's files yourself and pass their folder)."
+        ) from None
+    try:
+        folder = snapshot_download(repo_id, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE])
+    except Exception as err:  # not found, private, offline: huggingface_hub has many types
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"could not download {repo_id!r} from the Hugging Face Hub ({reason}). Check the "
+            f"repository id, your network and login (hf auth login); a local folder of that "
+            f"name does not exist either."
+        ) from None
+    return Path(folder)
+
+
+def is_hub_folder(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG_FILE).is_file()
+
+
+def read_hub_config(folder: Path) -> dict[str, str]:
+    """config.json of a save_pretrained folder, as safetensors metadata (str -> str), checked."""
+    path = folder / CONFIG_FILE
+    if not folder.is_dir() or not path.is_file():
+        found = sorted(p.name for p in folder.iterdir())[:8] if folder.is_dir() else []
+        raise IsADirectoryError(
+            f"{str(folder)!r} is a folder but not one save_pretrained wrote: expected "
+            f"{CONFIG_FILE} and {WEIGHTS_FILE} in it (found {found}). Pass a checkpoint file "
+            f"(e.g. runs/NAME/version_0/checkpoints/last.ckpt) or a save_pretrained folder."
+        )
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(
+            f"{str(path)!r} is not valid JSON ({err}); save the model again."
+        ) from None
+    if not isinstance(config, dict) or config.get("format") != SAFETENSORS_FORMAT:
+        got = config.get("format") if isinstance(config, dict) else type(config).__name__
+        raise ValueError(
+            f"{str(path)!r} does not describe a vit model (format {got!r}, expected "
+            f"{SAFETENSORS_FORMAT!r}); it was not written by vit.save_pretrained."
+        )
+    if not isinstance(config.get("config"), dict):
+        raise ValueError(
+            f"{str(path)!r} has no 'config' object of VisionTransformer arguments; save the model "
+            f"again with vit.save_pretrained."
+        )
+    return {k: json.dumps(v) if k in JSON_KEYS else str(v) for k, v in config.items()}
+
+
+def hub_config_json(metadata: dict[str, str]) -> dict[str, Any]:
+    """safetensors metadata (str -> str) as config.json's object: JSON values decoded."""
+    return {k: json.loads(v) if k in JSON_KEYS else v for k, v in metadata.items()}
+
+
+def hub_folder_model(
+    folder: Path, overrides: dict[str, Any]
+) -> tuple[VisionTransformer, dict[str, str]]:
+    """The model of a save_pretrained folder (eval mode), and its config as metadata."""
+    metadata = read_hub_config(folder)
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(
+            f"{str(folder)!r} has a {CONFIG_FILE} but no {WEIGHTS_FILE}: an incomplete copy or "
+            f"download? Copy the folder again, or save it again with vit.save_pretrained."
+        )
+    state, _ = _read_safetensors(weights)
+    try:
+        model = VisionTransformer(**{**json.loads(metadata["config"]), **overrides})
+    except TypeError as err:  # an unknown argument in a hand-edited config.json
+        raise ValueError(f"{str(folder / CONFIG_FILE)!r}: {err}; fix its 'config'.") from None
+    fit_state_dict(model, state, source=str(weights))
+    return model.eval(), metadata
