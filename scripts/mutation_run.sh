@@ -17,6 +17,7 @@ if ! command -v "$MUTMUT" >/dev/null; then
   echo "mutmut is not installed: pip install -e '.[mutation]'" >&2
   exit 2
 fi
+export VIT_HYPOTHESIS_PROFILE=mutation  # tests/conftest.py: no shrinking of failing examples
 if [[ $# -gt 0 ]]; then
   for prefix in "$@"; do nice -n 5 "$MUTMUT" run "$prefix*"; done
 else

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import Phase, settings
 
 from tests.helpers import TINY, train_args, write_image_tree, write_tar
 from vit.model.vision_transformer import VisionTransformer
+
+# scripts/mutation_run.sh: a failing property stops at its first example instead of shrinking it
+# (shrinking made single mutants take a minute); the default profile is hypothesis's own
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+settings.load_profile(os.environ.get("VIT_HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture
