@@ -8,6 +8,7 @@ a host tensor, so the test records where each read happens and holds those place
 
 from __future__ import annotations
 
+import re
 import traceback
 from collections import Counter
 from pathlib import Path
@@ -43,7 +44,10 @@ def where(stack: list[traceback.FrameSummary]) -> tuple[str, str]:
     path = frame.filename.replace("\\", "/")
     for root in ("site-packages/", str(Path(__file__).resolve().parents[1]) + "/"):
         path = path.split(root)[-1]
-    return path, frame.name
+    name = frame.name
+    if "__mutmut_" in name:  # scripts/mutation_run.sh renames each function it wraps
+        name = re.sub(r"__mutmut_\w+$", "", re.sub(r"^x(ǁ\w+ǁ|_)", "", name))
+    return path, name
 
 
 class Steps(L.Callback):

@@ -283,3 +283,29 @@ def test_torch_compile_without_a_cpp_compiler_fails_at_fit_start(monkeypatch) ->
     with pytest.raises(RuntimeError, match="needs a C[+][+] compiler.*no-such-compiler-x9.*false"):
         module.on_fit_start()
     assert module.model._compiled_call_impl is None  # nothing was compiled
+
+
+def test_gradients_are_dropped_when_each_step_ends_unless_accumulating(tmp_path) -> None:
+    """Under CUDA graphs the gradients are graph outputs: they go when the step ends, not after
+    the next forward. With gradient accumulation they must stay until the optimizer steps."""
+    import lightning as L
+
+    class Seen(L.Callback):  # callbacks' batch-start hooks run before the module's
+        def __init__(self) -> None:
+            self.held: list[bool] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.held.append(any(p.grad is not None for p in pl_module.parameters()))
+
+    # accumulating, Lightning zeroes them itself, before the backward after an optimizer step
+    for accumulate, expected in ((1, [False] * 4), (2, [False, True, True, True])):
+        seen = Seen()
+        trainer = quiet_trainer(
+            tmp_path / str(accumulate),
+            max_epochs=1,
+            limit_train_batches=4,
+            accumulate_grad_batches=accumulate,
+            callbacks=[seen],
+        )
+        trainer.fit(tiny_classifier(), random_loader(n=64))  # 4 batches of 16
+        assert seen.held == expected, accumulate

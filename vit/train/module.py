@@ -272,6 +272,19 @@ class ViTClassifier(L.LightningModule):
         self.log("train/lr", lr, on_step=True, on_epoch=False)
         return loss
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # CUDA graphs (compile_mode reduce-overhead): each step starts a new generation, as
+        # torch asks of training loops; unmarked, outputs of the last step still alive (the
+        # gradients) can make the graph trees record again instead of replaying
+        torch.compiler.cudagraph_mark_step_begin()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # the gradients go now, not after the next forward (Lightning zeroes them before each
+        # backward): under CUDA graphs they are the graph's outputs (callbacks' hooks ran first)
+        if self.trainer.accumulate_grad_batches == 1:
+            for optimizer in self.trainer.optimizers:
+                optimizer.zero_grad(set_to_none=True)
+
     def on_train_epoch_end(self) -> None:
         if self.train_loss_count > 0:
             mean = self.train_loss_sum / self.train_loss_count
