@@ -18,6 +18,9 @@ if ! command -v "$MUTMUT" >/dev/null; then
   exit 2
 fi
 export VIT_HYPOTHESIS_PROFILE=mutation  # tests/conftest.py: no shrinking of failing examples
+# one thread per test process: a child forked from a process whose OpenMP pool had run hung
+# until mutmut's CPU-time limit killed it (a false "timeout" for most mutants)
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 if [[ $# -gt 0 ]]; then
   for prefix in "$@"; do nice -n 5 "$MUTMUT" run "$prefix*"; done
 else

@@ -76,7 +76,8 @@ def table(command: str) -> str:
         "",
         f"Date {datetime.date.today()}; mutmut {version('mutmut')}; CPU {cpu_kind()}.",
         f"Command: `{command}` then `python scripts/mutation_table.py`.",
-        "Score = killed / (all - equivalent); survivors reviewed in [reviewed.tsv](reviewed.tsv).",
+        "Score = killed / (all - equivalent); survivors reviewed in [reviewed.tsv](reviewed.tsv);",
+        "while mutants remain unrun, the share killed of those run so far.",
         "",
         "| module | mutants | " + " | ".join(COLUMNS) + " | equivalent | untestable | score |",
         "|---" * (len(COLUMNS) + 5) + "|",
@@ -89,9 +90,11 @@ def table(command: str) -> str:
         equivalent = verdicts["equivalent"]
         checked = len(status) - counts["not checked"]
         denominator = len(status) - equivalent
-        score = f"{100 * counts['killed'] / denominator:.1f}%" if denominator and checked else "-"
-        if counts["not checked"]:
-            score += f" ({counts['not checked']} not run yet)"
+        if counts["not checked"]:  # a run under way: the share so far, of the mutants run
+            done = checked - equivalent
+            score = f"so far {100 * counts['killed'] / done:.1f}% of {checked}" if done else "-"
+        else:
+            score = f"{100 * counts['killed'] / denominator:.1f}%" if denominator else "-"
         row = [module, str(len(status))] + [str(counts[c]) for c in COLUMNS]
         lines.append(
             "| " + " | ".join(row + [str(equivalent), str(verdicts["untestable"]), score]) + " |"
