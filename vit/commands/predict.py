@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchvision.transforms.v2.functional import resize
 
 from vit.data.datasets import preprocess
-from vit.data.folder_source import IMAGE_EXTENSIONS, decode_image_bytes
+from vit.data.folder_source import IMAGE_EXTENSIONS, decode_square
 from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
 from vit.io.load import load_model
 from vit.model.vision_transformer import VisionTransformer
@@ -101,11 +100,8 @@ def read_image(path: Path, *, side: int) -> tuple[Tensor, tuple[int, int]]:
         data = path.read_bytes()
     except OSError as err:
         raise ValueError(f"cannot read {path} ({err.strerror or err})") from None
-    image = decode_image_bytes(data, name=str(path))
-    height, width = image.shape[-2:]
-    if (height, width) != (side, side):
-        image = resize(image, [side, side], antialias=True)
-    return image, (int(width), int(height))
+    image, (height, width) = decode_square(data, name=str(path), side=side)
+    return image, (width, height)
 
 
 @torch.inference_mode()

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torchvision.transforms.v2.functional import resize
 
-from vit.data.folder_source import decode_image_bytes
+from vit.data.folder_source import decode_square
 from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
 from vit.io.load import load_model
 from vit.maps.plots import render
@@ -56,10 +55,9 @@ def load_image_files(paths: list[Path], *, size: int) -> Tensor:
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"image file {str(path)!r} does not exist.")
-        image = decode_image_bytes(path.read_bytes(), name=str(path))
-        if image.shape[-2:] != (size, size):
-            log.info("resizing %s from %s to %dx%d", path, tuple(image.shape[-2:]), size, size)
-            image = resize(image, [size, size], antialias=True)
+        image, had = decode_square(path.read_bytes(), name=str(path), side=size)
+        if had != (size, size):
+            log.info("resizing %s from %s to %dx%d", path, had, size, size)
         images.append(image)
     return torch.stack(images)
 

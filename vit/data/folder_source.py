@@ -95,6 +95,16 @@ def _check_tree(tree: Tree, *, where: str) -> None:
         raise ValueError(f"{where}: {found}; expected the layout {_LAYOUT} with {exts} images.")
 
 
+def decode_square(data: bytes, *, name: str, side: int) -> tuple[Tensor, tuple[int, int]]:
+    """Encoded bytes -> (3, side, side) uint8 RGB, squashed to the square (antialiased, no crop)
+    as every training image is, and the (height, width) it had."""
+    image = decode_image_bytes(data, name=name)
+    size = (int(image.shape[-2]), int(image.shape[-1]))
+    if size != (side, side):
+        image = resize(image, [side, side], antialias=True)
+    return image, size
+
+
 def _decode_tree(tree: Tree, *, where: str, image_size: int) -> Loaded:
     """Decode a class -> files tree; labels follow sorted class names, rows sorted file names."""
     _check_tree(tree, where=where)
@@ -103,10 +113,8 @@ def _decode_tree(tree: Tree, *, where: str, image_size: int) -> Loaded:
     for label, name in enumerate(classes):
         for item_name, item in sorted(tree[name], key=lambda it: it[0]):
             data = item if isinstance(item, bytes) else item.read_bytes()
-            image = decode_image_bytes(data, name=item_name)  # (3, h, w)
-            if image.shape[-2:] != (image_size, image_size):
-                image = resize(image, [image_size, image_size], antialias=True)
-                resized += 1
+            image, size = decode_square(data, name=item_name, side=image_size)
+            resized += size != (image_size, image_size)
             images.append(image)
             labels.append(label)
     if resized:
