@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vit.io.pretrained import resolve
-from vit.io.safetensors_file import SAFETENSORS_FORMAT, _read_safetensors
-from vit.io.state_dict import fit_state_dict
+from vit.io.safetensors_file import SAFETENSORS_FORMAT, _read_safetensors, model_from_metadata
 from vit.model.vision_transformer import VisionTransformer
 
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "model.safetensors", "README.md"
@@ -109,8 +108,7 @@ def hub_folder_model(
         )
     state, _ = _read_safetensors(weights)
     try:
-        model = VisionTransformer(**{**json.loads(metadata["config"]), **overrides})
+        model = model_from_metadata(state, metadata, overrides, source=str(weights))
     except TypeError as err:  # an unknown argument in a hand-edited config.json
         raise ValueError(f"{str(folder / CONFIG_FILE)!r}: {err}; fix its 'config'.") from None
-    fit_state_dict(model, state, source=str(weights))
-    return model.eval(), metadata
+    return model, metadata

@@ -36,9 +36,17 @@ def _safetensors_model(
             f"{sorted(metadata)}); it was not written by export_safetensors. Build the model "
             f"yourself and call load_weights(model, path)."
         )
+    return model_from_metadata(state, metadata, overrides, source=str(path)), metadata
+
+
+def model_from_metadata(
+    state: dict[str, Tensor], metadata: dict[str, str], overrides: dict[str, Any], *, source: str
+) -> VisionTransformer:
+    """The model `metadata`'s config describes (with `overrides`), `state` loaded, in eval mode:
+    for an export_safetensors file and a save_pretrained folder alike."""
     model = VisionTransformer(**{**json.loads(metadata["config"]), **overrides})
-    fit_state_dict(model, state, source=str(path))
-    return model.eval(), metadata
+    fit_state_dict(model, state, source=source)
+    return model.eval()
 
 
 def _read_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict[str, str]]:
