@@ -19,6 +19,18 @@ settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase
 settings.load_profile(os.environ.get("VIT_HYPOTHESIS_PROFILE", "default"))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under a mutmut mutant, skip the tests that run torch.compile: mutmut's trampolines split
+    the compiled graphs (why the run leaves out test_compile.py), and at up to a minute each they
+    would double the run's time for every surviving mutant of the model."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if mutant.startswith("vit."):  # a real mutant, not mutmut's "stats" or "fail" phases
+        skip = pytest.mark.skip(reason="torch.compile under a mutmut mutant")
+        for item in items:
+            if item.get_closest_marker("compiles"):
+                item.add_marker(skip)
+
+
 @pytest.fixture
 def tiny_model() -> VisionTransformer:
     torch.manual_seed(0)

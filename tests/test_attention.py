@@ -81,6 +81,36 @@ def test_attention_dropout_drops_weights_only_in_training() -> None:
     assert torch.allclose(w_train.sum(-1), torch.ones(2, 10))  # returned weights: before dropout
 
 
+def test_attention_dropout_defaults_to_training_and_rescales_the_kept_weights() -> None:
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 16, 8), torch.randn(2, 16, 8)
+    v = torch.eye(16)  # one-hot values: the context is the (dropped) weights themselves
+    ctx, w = scaled_dot_product_attention(q, k, v, dropout_p=0.25)  # training=True by default
+    kept = ctx != 0
+    assert 0 < (~kept).sum() < ctx.numel()
+    assert torch.allclose(ctx[kept], w[kept] / 0.75)  # inverted dropout at the rate asked for
+
+
+def test_forward_with_weights_drops_weights_as_forward_does() -> None:
+    torch.manual_seed(0)
+    attn = Attention(16, num_heads=2, attn_drop=0.5, kernel="explicit")
+    x = torch.randn(2, 7, 16)
+    torch.manual_seed(1)
+    dropped = attn(x)
+    torch.manual_seed(1)
+    out, _ = attn.forward_with_weights(x)
+    assert torch.allclose(out, dropped, atol=1e-6)
+    attn.eval()
+    clean = attn(x)
+    assert not torch.allclose(out, clean, atol=1e-3)  # training did drop weights
+    assert torch.allclose(attn.forward_with_weights(x)[0], clean, atol=1e-6)  # evaluation: none
+
+
+def test_causal_mask_is_made_on_the_given_device() -> None:
+    assert torch.equal(causal_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]).bool())
+    assert causal_mask(3, device="meta").device.type == "meta"  # meta stands in for a GPU
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_parity_with_torch_multihead_attention(masked: bool) -> None:
     torch.manual_seed(0)
@@ -195,9 +225,12 @@ def test_num_queries_gives_the_first_rows_of_the_full_output(kernel: str, masked
         assert torch.allclose(rows, full[:, :q], atol=1e-6)
 
 
-def test_mask_self_equals_a_mask_without_the_diagonal_and_keeps_gradients() -> None:
+@pytest.mark.parametrize("lead", [(), (2,), (2, 3)], ids=["2d", "3d", "4d"])
+def test_mask_self_equals_a_mask_without_the_diagonal_and_keeps_gradients(
+    lead: tuple[int, ...],
+) -> None:
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 6, 4, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(*lead, 6, 4, requires_grad=True) for _ in range(3))  # any leading dims
     no_self = ~torch.eye(6, dtype=torch.bool)
     ctx, weights = scaled_dot_product_attention(q, k, v, mask_self=True)
     ctx_ref, weights_ref = scaled_dot_product_attention(q, k, v, mask=no_self)

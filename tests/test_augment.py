@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Callable
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -77,6 +82,27 @@ def test_crop_padding_zero_is_identity_and_negative_raises() -> None:
         random_crop(images, padding=-1)
 
 
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("random_crop", random_crop),
+        ("random_hflip", random_hflip),
+        ("normalize", lambda x: normalize(x, MEAN, STD)),
+        ("trivial_augment", trivial_augment),
+        ("mix_batch", lambda x: mix_batch(x, torch.tensor([0]), num_classes=2)),
+    ],
+)
+def test_unbatched_images_are_refused_naming_the_function_and_the_fix(
+    name: str, call: Callable[[torch.Tensor], object]
+) -> None:
+    message = (
+        f"{name} expects a batch of images shaped (B, C, H, W), got (3, 8, 8); "
+        "add a batch dimension with images.unsqueeze(0) for a single image."
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call(_images(1, 8, 8)[0])
+
+
 def test_crop_and_flip_reject_unbatched_images() -> None:
     with pytest.raises(ValueError, match=r"\(B, C, H, W\), got \(3, 32, 32\).*unsqueeze"):
         random_crop(_images()[0])
@@ -144,7 +170,8 @@ def test_train_augment_crops_then_flips() -> None:
 def test_train_augment_off_is_identity_and_validates_padding() -> None:
     images = _images()
     assert torch.equal(TrainAugment(padding=0, hflip=False)(images), images)
-    assert "padding=4, hflip=True" in repr(TrainAugment())
+    # RandAugment's settings are shown only when it is on
+    assert repr(TrainAugment()) == "TrainAugment(padding=4, hflip=True, trivial=False)"
     with pytest.raises(ValueError, match="padding must be an int >= 0, got -2"):
         TrainAugment(padding=-2)
 
@@ -258,3 +285,116 @@ def test_train_augment_with_randaugment_is_crop_flip_then_randaugment() -> None:
 def test_train_augment_rejects_bad_policy_settings(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         TrainAugment(**kwargs)
+
+
+def _black_and_white() -> torch.Tensor:
+    """Image 0 all zeros, image 1 all ones: what one shows of the other reads off its values."""
+    return torch.stack([torch.zeros(3, 32, 32), torch.ones(3, 32, 32)])
+
+
+def _draws(seed: int) -> list[float]:
+    """mix_batch's draw contract: three uniforms per batch from its generator, u0 against the
+    mixing probability, u1 the coin between Mixup and CutMix, u2 the seed of lambda's draw."""
+    return torch.rand(3, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _reference_lambda(seed: int, alpha: float) -> tuple[float, int]:
+    """Lambda ~ Beta(alpha, alpha) from numpy seeded by u2 (torch's Beta takes no generator),
+    and that seed."""
+    numpy_seed = int(_draws(seed)[2] * 2**53)
+    return float(np.random.default_rng(numpy_seed).beta(alpha, alpha)), numpy_seed
+
+
+def _reference_box(seed: int, h: int, w: int) -> tuple[int, int, int, int]:
+    """CutMix's box as the paper draws it: sides sqrt(1 - lambda) of the image's, the centre
+    uniform over the image (from the next numpy seed), clipped at the borders."""
+    lam, numpy_seed = _reference_lambda(seed, 1.0)
+    centre = np.random.default_rng(numpy_seed + 1)
+    ch, cw = int(h * math.sqrt(1 - lam)), int(w * math.sqrt(1 - lam))
+    cy, cx = int(centre.integers(0, h)), int(centre.integers(0, w))
+    return (
+        max(cy - ch // 2, 0),
+        min(cy + ch - ch // 2, h),
+        max(cx - cw // 2, 0),
+        min(cx + cw - cw // 2, w),
+    )
+
+
+@pytest.mark.parametrize("seed", [13, 15, 20, 21])  # boxes clipped at a corner, odd-sided, small
+def test_cutmix_pastes_the_papers_box_and_weighs_targets_by_its_area(seed: int) -> None:
+    images, labels = _black_and_white(), torch.tensor([0, 1])
+    g = torch.Generator().manual_seed(seed)
+    mixed, targets = mix_batch(images, labels, num_classes=3, cutmix_alpha=1.0, generator=g)
+    top, bottom, left, right = _reference_box(seed, 32, 32)
+    assert 0 < (bottom - top) * (right - left) < 32**2, "the seeds were chosen for a real box"
+    expected = images.clone()
+    expected[:, :, top:bottom, left:right] = images.flip(0)[:, :, top:bottom, left:right]
+    assert torch.equal(mixed, expected)
+    # the targets weigh what each image really shows: read off the pixels
+    shown = float((mixed[0] == 1).float().mean())
+    expected_targets = torch.tensor([[1 - shown, shown, 0.0], [shown, 1 - shown, 0.0]])
+    torch.testing.assert_close(targets, expected_targets)
+
+
+def test_mixup_takes_each_batchs_own_draws_from_one_generator() -> None:
+    """One generator drives a run's batches: each batch must take exactly its three draws, so a
+    resumed run (its generator restored) mixes as the first did."""
+    images = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([2, 0, 1, 1])
+    one_hot = F.one_hot(labels, 3).float()
+    g, reference = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    rng_state = torch.get_rng_state()
+    for _ in range(3):
+        u2 = torch.rand(3, generator=reference)[2].item()
+        lam = float(np.random.default_rng(int(u2 * 2**53)).beta(0.8, 0.8))
+        mixed, targets = mix_batch(images, labels, num_classes=3, mixup_alpha=0.8, generator=g)
+        torch.testing.assert_close(mixed, images * lam + images.flip(0) * (1 - lam))
+        torch.testing.assert_close(targets, one_hot * lam + one_hot.flip(0) * (1 - lam))
+    assert torch.equal(torch.get_rng_state(), rng_state), "the global RNG is left alone"
+
+
+def test_mix_batch_defaults_leave_the_batch_unmixed() -> None:
+    images, labels = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 1])
+    out, targets = mix_batch(images, labels, num_classes=3)
+    assert out is images and torch.equal(targets, F.one_hot(labels, 3).float())
+
+
+def test_with_both_alphas_each_batch_picks_mixup_or_cutmix_at_even_odds() -> None:
+    images, labels = _black_and_white(), torch.tensor([0, 1])
+    # seed 5095276's coin draw is exactly 0.5, which falls on Mixup's side
+    assert _draws(5095276)[1] == 0.5
+    assert {_draws(seed)[1] < 0.5 for seed in range(8)} == {True, False}
+    for seed in [*range(8), 5095276]:
+        cutmix = _draws(seed)[1] < 0.5
+        g = torch.Generator().manual_seed(seed)
+        mixed, _ = mix_batch(
+            images, labels, num_classes=3, mixup_alpha=0.8, cutmix_alpha=1.0, generator=g
+        )
+        pasted = bool(((mixed == 0) | (mixed == 1)).all())  # a Mixup blend lies strictly between
+        assert pasted == cutmix, f"seed {seed}"
+
+
+def test_mix_prob_is_the_chance_a_batch_is_mixed() -> None:
+    images, labels = _black_and_white(), torch.tensor([0, 1])
+
+    def mixes(prob: float, seed: int) -> bool:
+        g = torch.Generator().manual_seed(seed)
+        out, _ = mix_batch(images, labels, num_classes=3, mixup_alpha=0.8, prob=prob, generator=g)
+        return not torch.equal(out, images)
+
+    assert [mixes(0.5, seed) for seed in range(8)] == [_draws(seed)[0] < 0.5 for seed in range(8)]
+    # a batch mixes when its uniform draw u is below prob, so prob 0 never mixes, even at u = 0
+    u = torch.rand(1, generator=torch.Generator().manual_seed(9)).item()
+    assert not mixes(u, seed=9) and mixes(math.nextafter(u, 1.0), seed=9)
+
+
+def test_mix_batch_draws_on_the_generator_device_whatever_the_default_device() -> None:
+    """A script that calls torch.set_default_device("cuda") still mixes with a CPU generator; the
+    meta device stands in for the GPU here (a draw made there has no value to read)."""
+    images, labels = _black_and_white(), torch.tensor([0, 1])
+    kwargs = {"num_classes": 3, "mixup_alpha": 0.8}
+    expected, _ = mix_batch(images, labels, generator=torch.Generator().manual_seed(1), **kwargs)
+    g = torch.Generator().manual_seed(1)
+    with torch.device("meta"):
+        mixed, targets = mix_batch(images, labels, generator=g, **kwargs)
+    assert torch.equal(mixed, expected) and targets.shape == (2, 3)

@@ -3,6 +3,9 @@ resolution and patch-drop curricula, and the finite-loss guard."""
 
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+
 import lightning as L
 import pytest
 import torch
@@ -15,6 +18,7 @@ from vit.train.callbacks.checkpointing import FiniteLoss
 from vit.train.callbacks.curricula import MixSchedule, PatchDropSchedule, ResolutionSchedule
 
 BUDGET_SCHEDULE = {"warmup_epochs": 0.0, "warmup_fraction": 0.1}
+MIX_EXAMPLE = "e.g. [[0, 0.5], [0.85, 0]]: half the batches mixed until 85% of training, then none"
 
 
 class FakeClock:
@@ -260,16 +264,31 @@ def test_mix_schedule_mixes_by_stage_then_stops(tmp_path, monkeypatch) -> None:
 
 @pytest.mark.parametrize(
     ("stages", "message"),
-    [([[0, 1.5]], "share 1.5 must be in \\[0, 1\\]"), ([[0.2, 0.5]], "must start at 0")],
+    [
+        ([[0, 1.5]], f"MixSchedule share 1.5 must be in [0, 1]; {MIX_EXAMPLE}"),
+        (
+            [[0.2, 0.5]],
+            "MixSchedule stages=[[0.2, 0.5]]: the fractions must start at 0, rise, and stay "
+            f"below 1; {MIX_EXAMPLE}",
+        ),
+        (
+            [[0, "half"]],
+            f"MixSchedule stages=[[0, 'half']] must be a list of [fraction, share]; {MIX_EXAMPLE}",
+        ),
+    ],
 )
 def test_bad_mix_schedules_fail_clearly(stages: list, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         MixSchedule(stages=stages)
 
 
 def test_mix_schedule_needs_a_model_that_mixes(tmp_path) -> None:
     trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[MixSchedule(stages=[[0, 0.5]])])
-    with pytest.raises(ValueError, match="set model.mixup_alpha or model.cutmix_alpha > 0"):
+    message = (
+        "MixSchedule sets the share of batches mixed, but the model mixes none: set "
+        "model.mixup_alpha or model.cutmix_alpha > 0 (0.8 and 1.0 are DeiT's)."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         trainer.fit(tiny_classifier(), random_loader(32))
 
 
@@ -291,3 +310,86 @@ def test_time_budget_counts_the_fit_start_compiles_off_the_schedule(tmp_path, mo
     trainer.fit(module, random_loader(64))
     state = clock.state_dict()
     assert state["elapsed_s"] == pytest.approx(15.0) and state["off_clock_s"] == pytest.approx(15.0)
+
+
+def test_time_budget_needs_a_module_that_can_run_its_schedule(tmp_path) -> None:
+    class Plain(L.LightningModule):  # trains, but has no schedule_on() nor compiles_in_fit
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(3 * 32 * 32, 10)
+
+        def training_step(self, batch, batch_idx) -> torch.Tensor:
+            return self.layer(batch[0].flatten(1)).logsumexp(1).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    message = (
+        "TimeBudget needs a LightningModule with schedule_on() and compiles_in_fit, as "
+        "vit.train.module.ViTClassifier has; Plain has not."
+    )
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+        quiet_trainer(tmp_path, max_epochs=1, callbacks=[budget()]).fit(Plain(), random_loader(32))
+
+
+def test_time_budget_reads_its_fraction_outside_a_fit_and_from_older_checkpoints() -> None:
+    fresh = TimeBudget(minutes=2.0)
+    assert fresh.fraction() == 0.0
+    assert fresh.state_dict() == {"elapsed_s": 0.0, "off_clock_s": 0.0}
+    older = TimeBudget(minutes=2.0)
+    older.load_state_dict({})  # a state saved before the budget kept these: nothing used yet
+    assert older.state_dict() == {"elapsed_s": 0.0, "off_clock_s": 0.0}
+    older.load_state_dict({"elapsed_s": 60.0})  # before spans off the clock were kept
+    assert older.state_dict() == {"elapsed_s": 60.0, "off_clock_s": 0.0}
+    assert older.fraction() == 0.5
+    # a budget spent compiling to its end: used up, not 0 / 0 of the schedule's clock
+    compiled = TimeBudget(minutes=1.0)
+    compiled.load_state_dict({"elapsed_s": 60.0, "off_clock_s": 60.0})
+    assert compiled.fraction() == 1.0
+
+
+def test_under_ddp_every_rank_runs_on_rank_zeros_time() -> None:
+    """Each rank's clock differs a little; the stop and the schedule follow rank 0's, so that
+    every rank stops at the same step."""
+
+    class TwoRanks:  # a strategy's broadcast, as rank 1 of two sees it
+        def broadcast(self, obj: float, src: int = 0) -> float:
+            return {0: 30.0, 1: obj}[src]
+
+    callback = TimeBudget(minutes=1.0)
+    callback.load_state_dict({"elapsed_s": 45.0})  # this rank's own time
+    callback.setup(SimpleNamespace(strategy=TwoRanks()), tiny_classifier(), "validate")
+    assert callback.fraction() == 0.5
+
+
+def test_time_budget_runs_the_schedule_during_its_fit_only(tmp_path) -> None:
+    """Without a warm-up the budget's first step runs at the peak; once the fit is over the
+    module's schedule is on the steps again, for a later fit without a budget."""
+    module = tiny_classifier(schedule={"warmup_epochs": 0.0, "warmup_fraction": 0.0})
+    timed = RecordLR()
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1000, num_sanity_val_steps=0, callbacks=[timed, budget(tick=20.0)]
+    )
+    trainer.fit(module, random_loader(32))
+    assert timed.lrs[0] == pytest.approx(1e-3) and len(timed.lrs) < 5
+    stepped = RecordLR()
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[stepped]).fit(module, random_loader(64))
+    # 4 steps of a cosine from 1e-3 to 0: step k at (1 + cos(pi k / 4)) / 2
+    assert stepped.lrs == pytest.approx([1e-3, 0.853553e-3, 0.5e-3, 0.146447e-3], rel=1e-5)
+
+
+def test_an_eager_budget_starts_with_training_not_with_the_sanity_check(tmp_path) -> None:
+    clock = budget(tick=0.0)
+
+    class Took(L.Callback):  # the sanity check takes 30 s, each training step 10 s
+        def on_sanity_check_end(self, *args) -> None:
+            clock.clock.now += 30.0
+
+        def on_train_batch_end(self, *args) -> None:
+            clock.clock.now += 10.0
+
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1, num_sanity_val_steps=1, callbacks=[Took(), clock]
+    )
+    trainer.fit(tiny_classifier(schedule=BUDGET_SCHEDULE), random_loader(32), random_loader(16))
+    assert trainer.global_step == 2 and clock.elapsed_s() == 20.0

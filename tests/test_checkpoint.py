@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import decimal
+import fractions
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,6 +70,73 @@ def test_damaged_files_name_the_file_and_the_problem(tmp_path) -> None:
             with pytest.raises(ValueError, match=expected) as err:
                 loader(path)
             assert str(path) in str(err.value), name
+
+
+DAMAGED = (
+    "{path!r} looks like a {kind} PyTorch checkpoint but cannot be read: it is probably truncated "
+    "or corrupt (an interrupted save or copy?). Copy or save it again. Details: "
+)
+
+
+@pytest.mark.parametrize(
+    ("zip_format", "kind", "details"),
+    [  # torch's error, cut to its first sentence: the rest of it is advice for torch's own users
+        (True, "zip", r"RuntimeError: PytorchStreamReader failed reading zip archive: [^.]*\."),
+        (False, "legacy", r"RuntimeError: unexpected EOF, expected \d+ more bytes\."),
+    ],
+)
+def test_a_truncated_checkpoint_names_its_format_and_torchs_first_sentence(
+    tmp_path, zip_format: bool, kind: str, details: str
+) -> None:
+    path = tmp_path / "cut.ckpt"
+    torch.save({"w": torch.zeros(300)}, path, _use_new_zipfile_serialization=zip_format)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    message = re.escape(DAMAGED.format(path=str(path), kind=kind)) + details
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_a_refused_checkpoint_names_the_objects_it_holds(tmp_path, zip_format: bool) -> None:
+    """A zip checkpoint's objects are all listed from its pickle, sorted (torch gives a set, and
+    the message should read the same each time); of a legacy one, torch's error names the first
+    it met."""
+    path = tmp_path / "objects.ckpt"
+    held = {"a": fractions.Fraction(1, 3), "b": decimal.Decimal("0.1")}
+    torch.save({"state_dict": {}, **held}, path, _use_new_zipfile_serialization=zip_format)
+    names = "decimal.Decimal, fractions.Fraction" if zip_format else "fractions.Fraction"
+    before = f"refusing to load {str(path)!r}: besides tensors and plain values it holds Python "
+    after = (
+        "), and unpickling them could run code. Nothing from the file was run. If you trust its "
+        "origin, load it once with torch.load(path, weights_only=False) and torch.save only its "
+        "state_dict and hyper_parameters; share that (or export_safetensors of it)."
+    )
+    message = f"^{re.escape(before + 'objects (' + names + after)}$"
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(path)
+
+
+def test_files_that_are_not_checkpoints_say_what_to_use(tmp_path) -> None:
+    damaged = tmp_path / "bad.safetensors"
+    damaged.write_bytes(b"\x08" + b"\x00" * 7 + b"garbage!")
+    message = (
+        f"{str(damaged)!r} is not a torch.save checkpoint; read .safetensors files with "
+        "load_safetensors or load_weights."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        load_checkpoint(damaged)
+    # torch's own header holds its magic number within the first 32 bytes: the same number
+    # further on (here ending at byte 33) is no sign of a checkpoint
+    text = tmp_path / "notes.pt"
+    text.write_bytes(b"#" * 23 + b"l\xfc\x9cF\xf9 j\xa8P\x19" + b"#" * 40)
+    message = (
+        f"{str(text)!r} is not a PyTorch checkpoint: its first bytes match neither format that "
+        "torch.save writes (random bytes, another file type, or the wrong path?). Pass a .ckpt "
+        "written by vit-train or a file from torch.save."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        load_checkpoint(text)
 
 
 def test_missing_file_and_directory(tmp_path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -31,7 +33,11 @@ def test_extraction_shapes_rows_and_logits(kernel: str, img_size: int, patch_siz
 
 
 def test_extraction_refuses_a_model_without_it() -> None:
-    with pytest.raises(ValueError, match="forward_with_attention"):
+    message = (
+        "Linear has no forward_with_attention(); pass a vit.model.VisionTransformer "
+        "(vit.io.load.load_model reads one from a checkpoint)."
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
         attention_maps(torch.nn.Linear(2, 2), torch.randn(1, 2))
 
 
@@ -44,6 +50,37 @@ def test_rollout_two_layer_hand_computed() -> None:
     joint = rollout([w1, w2])
     assert torch.allclose(joint[0], torch.tensor([[0.75, 0.25], [0.295, 0.705]]), atol=1e-6)
     assert torch.allclose(rollout([w1, w2], start_layer=1)[0], torch.tensor([[1.0, 0], [0.3, 0.7]]))
+
+
+def test_rollout_discard_spares_the_prefix_tokens_hand_computed() -> None:
+    # CLS + 2 patches, ratio 0.5: of the 4 patch-to-patch weights the lowest two (.3, .2) go
+    # W' + I = [[1.2, .3, .5], [.1, 1.6, 0], [.4, .4, 1]], rows / (2, 1.7, 1.8)
+    w = torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.6, 0.3], [0.4, 0.4, 0.2]])[None, None]
+    expected = torch.tensor([[0.6, 0.15, 0.25], [1 / 17, 16 / 17, 0], [2 / 9, 2 / 9, 5 / 9]])
+    assert torch.allclose(rollout([w], discard_ratio=0.5)[0], expected)  # one prefix by default
+    # no prefix (mean pooling): all 4 weights are candidates, .1 and .3 go
+    # W' + I = [[1, .9], [0, 1.7]], rows / (1.9, 1.7)
+    w = torch.tensor([[0.1, 0.9], [0.3, 0.7]])[None, None]
+    joint = rollout([w], discard_ratio=0.5, num_prefix_tokens=0)
+    assert torch.allclose(joint[0], torch.tensor([[1 / 1.9, 0.9 / 1.9], [0.0, 1.0]]))
+    # the map: mean over the query rows, (1 / 3.8, 2.8 / 3.8), scaled to max 1
+    m = rollout_map([w], grid=(1, 2), num_prefix_tokens=0, discard_ratio=0.5)
+    assert torch.allclose(m, torch.tensor([[[1 / 2.8, 1.0]]]))
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.5], ids=["keep_all", "discard_half"])
+def test_rollout_of_an_empty_batch_is_empty(ratio: float) -> None:
+    assert rollout([torch.rand(0, 2, 5, 5)], discard_ratio=ratio).shape == (0, 5, 5)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "device"), [(torch.bfloat16, "cpu"), (torch.float32, "meta")], ids=["bf16", "meta"]
+)
+def test_roll_out_keeps_the_maps_dtype_and_device(dtype: torch.dtype, device: str) -> None:
+    # the meta device stands in for an accelerator: the identity must be made where the maps are
+    layers = [torch.rand(2, 5, 5, dtype=dtype, device=device) for _ in range(2)]
+    joint = roll_out(layers)
+    assert joint.dtype == dtype and joint.device.type == device and joint.shape == (2, 5, 5)
 
 
 def test_rollout_rows_sum_to_one_and_batches_are_independent() -> None:
@@ -59,11 +96,17 @@ def test_rollout_rows_sum_to_one_and_batches_are_independent() -> None:
 
 def test_head_fusion_modes() -> None:
     w = torch.tensor([[[[0.2, 0.8], [0.5, 0.5]], [[0.6, 0.4], [0.1, 0.9]]]])  # (1, 2 heads, 2, 2)
-    assert torch.allclose(fuse_heads(w, "mean"), torch.tensor([[[0.4, 0.6], [0.3, 0.7]]]))
+    assert torch.allclose(fuse_heads(w), torch.tensor([[[0.4, 0.6], [0.3, 0.7]]]))  # mean
+    assert torch.equal(fuse_heads(w, "mean"), fuse_heads(w))
     assert torch.allclose(fuse_heads(w, "max"), torch.tensor([[[0.6, 0.8], [0.5, 0.9]]]))
     assert torch.allclose(fuse_heads(w, "min"), torch.tensor([[[0.2, 0.4], [0.1, 0.5]]]))
     with pytest.raises(ValueError, match="head_fusion='median'"):
         fuse_heads(w, "median")  # type: ignore[arg-type]
+    # rollout fuses the heads as asked: max gives the rollout of the max-fused map
+    for mode in ("max", "min"):
+        fused = rollout([fuse_heads(w, mode)[:, None]])
+        assert torch.allclose(rollout([w], head_fusion=mode), fused)
+        assert not torch.allclose(rollout([w]), fused)
 
 
 def test_discard_ratio_never_touches_cls_entries() -> None:
@@ -77,6 +120,10 @@ def test_discard_ratio_never_touches_cls_entries() -> None:
     kept = out[:, 1:, 1:][out[:, 1:, 1:] > 0].reshape(2, 8)
     dropped = a[:, 1:, 1:][out[:, 1:, 1:] == 0].reshape(2, 8)
     assert (kept.amin(1) >= dropped.amax(1)).all()  # the lowest were the ones dropped
+    one = discard_lowest(a, 1 / 16)  # a ratio that drops exactly one patch entry
+    zeroed = (one[:, 1:, 1:] == 0).flatten(1)
+    assert (zeroed.sum(1) == 1).all()
+    assert torch.equal(zeroed.int().argmax(1), a[:, 1:, 1:].flatten(1).argmin(1))  # the lowest
     with pytest.raises(ValueError, match="discard_ratio=1.0"):
         discard_lowest(a, 1.0)
 
@@ -85,6 +132,14 @@ def test_start_layer_bounds() -> None:
     maps = [torch.rand(1, 1, 3, 3).softmax(-1)] * 2
     with pytest.raises(ValueError, match="start_layer=2"):
         rollout(maps, start_layer=2)
+
+
+def test_query_map_takes_a_non_square_grid_and_names_a_wrong_one() -> None:
+    w = torch.rand(1, 2, 7, 7)  # (B, H, CLS + 6 patches, same)
+    assert torch.equal(query_map(w, grid=(2, 3)), w[:, :, 0, 1:].reshape(1, 2, 2, 3))
+    message = "weights have 6 patch keys, grid (3, 4) needs 12."
+    with pytest.raises(ValueError, match=re.escape(message)):
+        query_map(w, grid=(3, 4))
 
 
 def test_query_map_for_cls_and_for_mean_pooling() -> None:
@@ -127,3 +182,16 @@ def test_grad_rollout_pairs_each_layer_with_its_own_gradient() -> None:
     with torch.inference_mode():
         _, again = grad_rollout(model, x, target=3)
     assert torch.allclose(again, cam_map, atol=1e-6)
+
+
+def test_grad_rollout_defaults_to_each_images_predicted_class() -> None:
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY).eval()
+    x = torch.randn(2, 3, 32, 32)
+    logits, default = grad_rollout(model, x)
+    predicted = logits.argmax(-1)
+    assert predicted[0] != predicted[1]  # so one class for the whole batch would be wrong
+    _, by_class = grad_rollout(model, x, target=predicted)
+    assert torch.allclose(default, by_class, atol=1e-6)
+    _, other = grad_rollout(model, x, target=(predicted + 1) % TINY["num_classes"])
+    assert not torch.allclose(other, default, atol=1e-3)  # the target is used when given

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -47,6 +49,11 @@ def test_forward_shapes_and_timm_names(tiny_model: VisionTransformer) -> None:
 def test_presets_build_and_run(preset: str) -> None:
     model = create_model(preset)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_create_model_applies_the_overrides() -> None:
+    model = create_model("vit_nano", depth=1, num_classes=3)
+    assert len(model.blocks) == 1 and model.head.out_features == 3
 
 
 def test_vit_tiny_matches_the_benchmark_size() -> None:
@@ -234,6 +241,16 @@ def test_drop_patches_edge_rates() -> None:
         drop_patches(tokens, 1.0)
 
 
+def test_drop_patches_draws_on_the_tokens_device() -> None:
+    # meta stands in for a GPU: the random order is drawn there, not from the CPU generator
+    # (a CPU draw would need a copy to the GPU, and gather would refuse a CPU index)
+    tokens = torch.zeros(2, 17, 8, device="meta")
+    state = torch.get_rng_state()
+    kept = drop_patches(tokens, 0.5)
+    assert kept.shape == (2, 9, 8) and kept.device.type == "meta"
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_sinusoidal_table_values() -> None:
     table = sinusoidal_table(50, 8)
     assert table.shape == (50, 8)
@@ -245,6 +262,46 @@ def test_sinusoidal_table_values() -> None:
     )
     with pytest.raises(ValueError, match="even width"):
         sinusoidal_table(4, 5)
+
+
+def test_position_tables_are_exact_to_float32_rounding() -> None:
+    """Both tables are computed in float64 and rounded once: angles up to pos * 1 lose digits in
+    float32 (a float32 frequency is off by up to ~1e-6 at position 64)."""
+    half_ulp = 2.0**-24  # float32 rounding of values in [-1, 1]
+
+    def sinusoid(pos: int, j: int, dim: int) -> float:  # the paper's formula, PE[pos, j]
+        angle = pos / 10000.0 ** ((j - j % 2) / dim)
+        return math.sin(angle) if j % 2 == 0 else math.cos(angle)
+
+    expected = torch.tensor(
+        [[sinusoid(pos, j, 192) for j in range(192)] for pos in range(65)], dtype=torch.float64
+    )
+    assert (sinusoidal_table(65, 192).double() - expected).abs().max() <= half_ulp
+    freqs = [10000.0 ** (-k / 48) for k in range(48)]  # a quarter of 192 each
+    rows = []
+    for y in range(8):
+        for x in range(8):
+            rows.append(
+                [math.sin(x * w) for w in freqs]
+                + [math.cos(x * w) for w in freqs]
+                + [math.sin(y * w) for w in freqs]
+                + [math.cos(y * w) for w in freqs]
+            )
+    expected = torch.tensor(rows, dtype=torch.float64)
+    assert (sincos_2d_table(8, 192).double() - expected).abs().max() <= half_ulp
+
+
+def test_sincos_2d_table_builds_without_warnings() -> None:
+    # torch.meshgrid warns when its indexing is left implicit, but only once per process unless
+    # warn_always is on: an earlier test must not hide it
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sincos_2d_table(4, 8)
+    finally:
+        torch.set_warn_always(before)
 
 
 def test_sincos_model_has_fixed_positions() -> None:

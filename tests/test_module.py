@@ -234,6 +234,7 @@ def test_gradient_clipping_works_with_fused_adamw_in_bf16(tmp_path) -> None:
     assert (weights[True, 0.01] - weights[True, None]).abs().max() > 1e-4
 
 
+@pytest.mark.compiles
 def test_torch_compile_trains_like_eager_and_saves_eager_names(tmp_path) -> None:
     """torch_compile is a speed setting only: three compiled steps land on the eager steps'
     weights (fp32), and the checkpoint holds the eager model's names, so loading it for

@@ -42,11 +42,12 @@ def test_a_stack_is_orthogonalized_matrix_by_matrix(shape: tuple[int, ...]) -> N
     torch.testing.assert_close(orthogonalize(g), alone, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [(576, 192), (192, 384)])
+@pytest.mark.parametrize("shape", [(576, 192), (192, 384), (12, 8), (8, 12)])
 def test_gram_form_gives_the_loops_iterations(shape: tuple[int, int], monkeypatch) -> None:
-    """For the blocks' wide and tall matrices float32 iterates on the small Gram matrix; the
-    result is the textbook loop's (run here in float64) to float32 rounding, not another
-    polynomial. bfloat16 keeps the loop."""
+    """For the blocks' wide and tall matrices float32 iterates on the small Gram matrix, from
+    a long side GRAM_FORM_RATIO (1.5) times the short on; the result is the textbook loop's
+    (run here in float64) to float32 rounding, not another polynomial. bfloat16 keeps the
+    loop."""
     gen = torch.Generator().manual_seed(0)
     g = torch.randn(shape[0], 8, generator=gen) @ torch.randn(8, shape[1], generator=gen)
     g += 0.01 * torch.randn(shape, generator=gen)  # low rank plus noise, as a gradient
@@ -67,6 +68,36 @@ def test_gram_form_gives_the_loops_iterations(shape: tuple[int, int], monkeypatc
     assert (out.double() - loop).abs().max() < 1e-3 * loop.abs().max()
     orthogonalize(g, dtype=torch.bfloat16)
     assert calls == [1]
+
+
+def test_the_iterations_run_in_the_dtype_asked_for() -> None:
+    """dtype=bfloat16 iterates in bfloat16 whatever the gradient's dtype, and hands the result
+    back in the gradient's; MuonAdamW's ns_dtype reaches the iterations."""
+    g = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    in_bf16 = orthogonalize(g.bfloat16(), dtype=torch.bfloat16).float()
+    out = orthogonalize(g, dtype=torch.bfloat16)
+    assert out.dtype == torch.float32 and torch.equal(out, in_bf16)
+    assert (in_bf16 - orthogonalize(g)).abs().max() > 1e-3  # bfloat16's rounding shows
+    w = nn.Parameter(torch.zeros(8, 16))
+    opt = MuonAdamW(
+        [{"params": [w], "use_muon": True}],
+        lr=0.1,
+        weight_decay=0.0,
+        momentum=0.0,  # the look-ahead is the gradient itself
+        ns_dtype=torch.bfloat16,
+    )
+    w.grad = g.clone()
+    opt.step()
+    torch.testing.assert_close(w.detach(), -0.1 * 0.2 * 16**0.5 * in_bf16, atol=1e-6, rtol=0)
+
+
+def test_a_tiny_gradient_still_moves_the_weights_its_way() -> None:
+    """A gradient far below the normalization's 1e-7 guard (late in training, or a layer that
+    barely learns) is orthogonalized as its larger copies are, its sign kept."""
+    q = torch.linalg.qr(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))[0]
+    tiny = orthogonalize(q * 2.5e-8)  # Frobenius norm 5e-8
+    assert torch.nn.functional.cosine_similarity(tiny.flatten(), q.flatten(), 0) > 0.95
+    assert torch.equal(orthogonalize(torch.zeros(4, 4)), torch.zeros(4, 4))
 
 
 def test_adamw_groups_update_as_torch_adamw() -> None:

@@ -4,6 +4,9 @@ magnitude tables are torchvision's, and the draws are per image."""
 from __future__ import annotations
 
 import math
+import re
+import warnings
+from functools import partial
 
 import pytest
 import torch
@@ -95,6 +98,73 @@ def test_unknown_op_names_the_choices() -> None:
         apply_op("Blur", images(n=2), torch.zeros(2))
 
 
+@pytest.mark.parametrize("hw", [(2, 5), (5, 2), (3, 5), (5, 3)])
+def test_sharpness_on_small_images_is_torchvisions(hw: tuple[int, int]) -> None:
+    """torchvision leaves an image 2 pixels high or wide as it is (it has no inner pixels to
+    sharpen); from 3 pixels on, the inner pixels are sharpened."""
+    x = torch.randint(0, 256, (2, 3, *hw), dtype=torch.uint8, generator=gen(0))
+    m = torch.tensor([0.9, -0.9])
+    out = apply_op("Sharpness", x, m)
+    for i in range(len(x)):
+        ref = reference("Sharpness", x[i], float(m[i]))
+        assert (out[i].int() - ref.int()).abs().max() <= 1, (hw, float(m[i]))
+    assert torch.equal(out, x) == (min(hw) <= 2)
+
+
+def test_ops_warn_nothing() -> None:
+    """Every batch of a training run passes through the ops: one warning each would flood the
+    log. The GPU way runs every op on every image, so one call covers them all."""
+    x = images(n=8, side=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = trivial_augment_batch(x, generator=gen(0), grouped=False)
+    assert out.shape == x.shape and not torch.equal(out, x)
+
+
+def replay_trivial_augment(
+    x: torch.Tensor, seed: int, num_bins: int = 31
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image through apply_op with the op, bin and sign the seeded generator draws for it
+    (negative where the uniform draw is <= 0.5); also the uniform draws."""
+    n, replay, expected = len(x), gen(seed), x.clone()
+    op_index = torch.randint(0, len(OPS), (n,), generator=replay)
+    bins = torch.randint(0, num_bins, (n,), generator=replay)
+    uniform = torch.rand(n, generator=replay)
+    for i in range(n):
+        op = OPS[int(op_index[i])]
+        table = magnitudes(op, num_bins)
+        m = 0.0 if table is None else float(table[bins[i]])
+        m = -m if op in SIGNED and uniform[i] <= 0.5 else m
+        expected[i] = apply_op(op, x[i : i + 1], torch.tensor([m]))[0]
+    return expected, uniform
+
+
+@pytest.mark.parametrize(("seed", "num_bins"), [(330417, None), (0, 11)])
+def test_trivial_augment_applies_each_images_drawn_op_at_its_bin(
+    seed: int, num_bins: int | None
+) -> None:
+    """A seed gives the same images from one version to the next: op, bin and sign drawn in this
+    order, over 31 bins unless told otherwise."""
+    x = images(n=64, side=16)
+    kwargs = {} if num_bins is None else {"num_bins": num_bins}
+    out = trivial_augment_batch(x, generator=gen(seed), **kwargs)
+    expected, uniform = replay_trivial_augment(x, seed, num_bins or 31)
+    assert torch.equal(out, expected)
+    if seed == 330417:  # found by search: image 20 draws Rotate and a sign draw of exactly 0.5
+        assert float(uniform[20]) == 0.5
+
+
+def test_without_a_generator_the_draws_come_from_the_global_rng() -> None:
+    x = images(n=32, side=16)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        trivial = trivial_augment_batch(x)
+        torch.manual_seed(7)
+        rand = rand_augment_batch(x)
+    assert torch.equal(trivial, trivial_augment_batch(x, generator=gen(7)))
+    assert torch.equal(rand, rand_augment_batch(x, generator=gen(7)))
+
+
 def test_ungrouped_ops_give_the_grouped_images() -> None:
     """The GPU way (every op on the whole batch, each image keeps its own op's result) draws and
     computes the same images as the CPU way (each op on the images that drew it)."""
@@ -108,46 +178,116 @@ def test_ungrouped_ops_give_the_grouped_images() -> None:
     assert torch.equal(x, images(n=256))  # the input is not modified
 
 
-@pytest.mark.parametrize("side", [(32, 32), (24, 40)])
-def test_randaugment_magnitude_tables_are_torchvisions(side: tuple[int, int]) -> None:
+@pytest.mark.parametrize("side", [None, (32, 32), (24, 40)])  # None: the defaults, CIFAR's 32x32
+def test_randaugment_magnitude_tables_are_torchvisions(side: tuple[int, int] | None) -> None:
     space = v2.RandAugment._AUGMENTATION_SPACE
     assert tuple(space) == OPS
     for op, (fn, signed) in space.items():
-        ref, ours = fn(31, *side), rand_magnitudes(op, height=side[0], width=side[1])
+        if side is None:
+            ref, ours = fn(31, 32, 32), rand_magnitudes(op)
+        else:
+            ref, ours = fn(31, *side), rand_magnitudes(op, height=side[0], width=side[1])
         assert (ref is None) == (ours is None), op
         if ref is not None:
             assert torch.equal(ref.float(), ours.float()), op
         assert signed == (op in SIGNED), op
 
 
+def replay_randaugment(
+    x: torch.Tensor, seed: int, *, num_ops: int = 2, magnitude: int = 9, num_bins: int = 31
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image through apply_op with its own ops and signs as the seeded generator draws them,
+    in order, at the one magnitude of a table sized for the images; also the uniform draws."""
+    (n, _, h, w), replay, expected = x.shape, gen(seed), x.clone()
+    uniforms = []
+    for _ in range(num_ops):
+        op_index = torch.randint(0, len(OPS), (n,), generator=replay)
+        uniforms.append(torch.rand(n, generator=replay))
+        for i in range(n):
+            op = OPS[int(op_index[i])]
+            table = rand_magnitudes(op, num_bins, height=h, width=w)
+            m = 0.0 if table is None else float(table[magnitude])
+            m = -m if op in SIGNED and uniforms[-1][i] <= 0.5 else m
+            expected[i] = apply_op(op, expected[i : i + 1], torch.tensor([m]))[0]
+    return expected, torch.stack(uniforms)
+
+
 def test_randaugment_applies_each_images_drawn_ops_in_turn() -> None:
     """Replaying the generator's draws, each image is apply_op of its own ops at the one magnitude,
     in order; grouped (CPU) and ungrouped (GPU) ways give the same images."""
-    x, n, num_ops, magnitude = images(n=64), 64, 2, 9
-    out = rand_augment_batch(x, num_ops=num_ops, magnitude=magnitude, generator=gen(5))
-    assert torch.equal(out, rand_augment_batch(x, generator=gen(5), grouped=False))
-    replay, expected = gen(5), x.clone()
-    for _ in range(num_ops):
-        op_index = torch.randint(0, len(OPS), (n,), generator=replay)
-        negative = torch.rand(n, generator=replay) <= 0.5
-        for i in range(n):
-            op = OPS[int(op_index[i])]
-            table = rand_magnitudes(op)
-            m = 0.0 if table is None else float(table[magnitude])
-            m = -m if op in SIGNED and negative[i] else m
-            expected[i] = apply_op(op, expected[i : i + 1], torch.tensor([m]))[0]
+    x, seed = images(n=64), 354891
+    out = rand_augment_batch(x, num_ops=2, magnitude=9, generator=gen(seed))
+    assert torch.equal(out, rand_augment_batch(x, generator=gen(seed), grouped=False))
+    expected, uniforms = replay_randaugment(x, seed)
     assert torch.equal(out, expected)
+    assert float(uniforms[0, 21]) == 0.5  # found by search: image 21's sign draw, on ShearY
     assert (out != x).flatten(1).any(1).float().mean() > 0.75  # two ops: few images unchanged
     assert torch.equal(rand_augment_batch(x, num_ops=0, generator=gen(5)), x)
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [({"num_ops": -1}, "num_ops must be an int >= 0"), ({"magnitude": 31}, r"bin in \[0, 30\]")],
+    ("shape", "kwargs"),
+    [
+        ((32, 32), {"num_ops": 1, "magnitude": 0}),  # the lowest bin is allowed
+        ((32, 32), {"magnitude": 10, "num_bins": 11}),  # the top bin of a table of 11
+        ((24, 40), {"magnitude": 30}),  # translations scale with the height and the width
+    ],
 )
-def test_randaugment_rejects_bad_settings(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_randaugment_settings_reach_the_ops(shape: tuple[int, int], kwargs: dict) -> None:
+    x = torch.randint(0, 256, (32, 3, *shape), dtype=torch.uint8, generator=gen(1))
+    out = rand_augment_batch(x, generator=gen(2), **kwargs)
+    assert torch.equal(out, replay_randaugment(x, 2, **kwargs)[0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_ops": -1}, "RandAugment num_ops must be an int >= 0, got -1 (e.g. 2)."),
+        ({"num_ops": 1.0}, "RandAugment num_ops must be an int >= 0, got 1.0 (e.g. 2)."),
+        (
+            {"magnitude": 31},
+            "RandAugment magnitude must be an int bin in [0, 30], got 31 (e.g. 9, as timm's "
+            "rand-m9).",
+        ),
+        (
+            {"magnitude": -1},
+            "RandAugment magnitude must be an int bin in [0, 30], got -1 (e.g. 9, as timm's "
+            "rand-m9).",
+        ),
+        (
+            {"magnitude": 9.0},
+            "RandAugment magnitude must be an int bin in [0, 30], got 9.0 (e.g. 9, as timm's "
+            "rand-m9).",
+        ),
+        (
+            {"magnitude": 11, "num_bins": 11},
+            "RandAugment magnitude must be an int bin in [0, 10], got 11 (e.g. 9, as timm's "
+            "rand-m9).",
+        ),
+    ],
+)
+def test_randaugment_rejects_bad_settings(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
         rand_augment_batch(images(n=2), **kwargs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("grouped", [None, True, False])
+def test_gpu_images_stay_on_the_gpu_whatever_the_generator(grouped: bool | None) -> None:
+    """Draws from a CPU generator, a GPU one or the global RNG all augment GPU images on the GPU;
+    with the CPU generator they are the CPU's images."""
+    x = images(n=64)
+    on_gpu = x.cuda()
+    for augment in (trivial_augment_batch, partial(rand_augment_batch, num_ops=1)):
+        out = augment(on_gpu, generator=gen(3), grouped=grouped)
+        ref = augment(x, generator=gen(3))
+        assert out.device == on_gpu.device
+        # grid_sample and the blends may round a pixel differently on the two devices
+        assert (out.cpu().int() - ref.int()).abs().max() <= 1
+        assert (out.cpu() == ref).float().mean() > 0.999
+        for g in (torch.Generator(device="cuda").manual_seed(3), None):
+            out = augment(on_gpu, generator=g, grouped=grouped)
+            assert out.device == on_gpu.device and out.shape == x.shape
 
 
 def gen(seed: int) -> torch.Generator:

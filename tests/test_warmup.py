@@ -37,6 +37,7 @@ def test_each_side_and_rate_runs_once_and_nothing_is_left_changed() -> None:
     assert model.training and model.patch_drop_rate == 0.0
 
 
+@pytest.mark.compiles
 def test_a_compiled_fit_meets_no_new_shape_after_it_starts(
     image_tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

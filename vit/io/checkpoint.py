@@ -108,8 +108,8 @@ def _not_a_checkpoint(path: Path) -> str:
 
 def _unsafe_globals(path: Path, err: Exception) -> list[str]:
     """Names of the Python objects a refused file asks for, read without running anything."""
-    try:  # lists the pickle's GLOBAL opcodes of a zip checkpoint without unpickling
-        return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    try:  # lists the pickle's GLOBAL opcodes of a zip checkpoint without unpickling; a set, so
+        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))  # sorted
     except Exception:
         return re.findall(r"Unsupported global: GLOBAL (\S+)", str(err))
 

@@ -17,12 +17,10 @@ def discard_lowest(a: Tensor, ratio: float, *, num_prefix_tokens: int = 1) -> Te
     entries in a prefix token's row or column are kept, so the CLS path is never cut."""
     if not 0.0 <= ratio < 1.0:
         raise ValueError(f"discard_ratio={ratio} must be in [0, 1).")
-    if ratio == 0.0:
-        return a
     p = num_prefix_tokens
-    body = a[:, p:, p:].reshape(a.shape[0], -1)  # (B, P*P) patch-to-patch entries
+    body = a[:, p:, p:].flatten(1)  # (B, P*P) patch-to-patch entries; flatten: B may be 0
     k = int(body.shape[1] * ratio)
-    if k == 0:
+    if k == 0:  # ratio 0, or too few entries to drop one
         return a
     lowest = body.topk(k, dim=-1, largest=False).indices
     body = body.scatter(-1, lowest, 0.0).reshape(a.shape[0], a.shape[1] - p, a.shape[2] - p)
