@@ -1,33 +1,44 @@
 """Run chosen tests against mutmut mutants, in a scratch copy of the repository.
 
     python scripts/mutation_check.py vit.maps.capture.x_query_map__mutmut_7 -- tests/test_maps.py
-    python scripts/mutation_check.py 'vit.maps.capture.*' --survivors -- tests/test_maps.py -k grid
+    python scripts/mutation_check.py 'vit.maps.*' --survivors -- tests/test_maps.py -k grid
+    python scripts/mutation_check.py 'vit.*' --survivors --record -- NEW_TESTS...
 
 The tests run in a scratch copy beside the checkout (so ../shared resolves) made of mutmut's
 mutated package (mutants/vit: every mutant behind a switch) and the current tests/, once per
-mutant with MUTANT_UNDER_TEST naming it, as mutmut itself does; the line says `killed` (the tests
-failed) or `survived`. mutants/ holds the source as of the last mutmut run: run it again after
-editing vit/. The working tree and mutmut's results are not touched, so it can run while
-scripts/mutation_run.sh does: a new test is checked against the mutants it was written for before
-the next mutmut run records it. `--survivors` keeps, of the matched mutants, those mutmut recorded
-as survived.
+mutant with MUTANT_UNDER_TEST naming it, in a child forked from one warm interpreter, as mutmut
+itself does; the line says `killed` (the tests failed) or `survived`. mutants/ holds the source as
+of the last mutmut run: run it again after editing vit/. The working tree and mutmut's results are
+not touched, so it can run beside scripts/mutation_run.sh: a new test is checked against the
+mutants it was written for before a mutmut run records it. `--survivors` keeps, of the matched
+mutants, those mutmut left alive (survived, or no test reached them); `--at COMMIT` takes the tests as committed there;
+`--record` writes each outcome, with the date, the commit and the tests, to
+experiments/record/mutations/checked.tsv, which scripts/mutation_table.py reads. Only a failing
+test counts as a kill: a test file that does not collect stops the check.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import datetime
 import fnmatch
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
-USAGE = "mutation_check.py MUTANT_OR_PATTERN... [--survivors] [-- PYTEST_ARGS...]"
+CHECKED = REPO / "experiments" / "record" / "mutations" / "checked.tsv"
+USAGE = "mutation_check.py MUTANT_OR_PATTERN... [--survivors] [--record] [-- PYTEST_ARGS...]"
 COPIED = ("tests", "experiments", "scripts", "docs", "pyproject.toml", "README.md")
+CPU_LIMIT_S = 300  # a mutant that loops forever counts as killed by timeout, as in mutmut
 
 
 def recorded() -> dict[str, int | None]:
@@ -38,10 +49,48 @@ def recorded() -> dict[str, int | None]:
     return out
 
 
+def run_one(name: str, tests: list[str]) -> str:
+    """The tests against one mutant, in a forked child: killed, survived or timeout."""
+    pid = os.fork()
+    if pid == 0:
+        os.environ["MUTANT_UNDER_TEST"] = name
+        resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT_S, CPU_LIMIT_S + 1))
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the child exits at once
+        os._exit(int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests])))
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return "timeout"
+    code = os.WEXITSTATUS(status)  # only a failing test kills: not an error in the tests themselves
+    return {0: "survived", 1: "killed", 5: "no test collected"}.get(code, f"pytest error {code}")
+
+
+def write_record(outcomes: dict[str, str], tests: list[str], at: str) -> None:
+    rows = {}
+    if CHECKED.is_file():
+        rows = {r[0]: r for r in csv.reader(CHECKED.open(), delimiter="\t") if r}
+    header = ["# mutant", "outcome", "date", "tests at", "tests (pytest arguments)"]
+    today = str(datetime.date.today())
+    for name, outcome in outcomes.items():
+        rows[name] = [name, outcome, today, at, " ".join(tests)]
+    rows.pop(header[0], None)
+    with CHECKED.open("w", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows[k] for k in sorted(rows))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=USAGE)
     parser.add_argument("mutants", nargs="+", help="mutant names or fnmatch patterns")
-    parser.add_argument("--survivors", action="store_true", help="only mutants mutmut kept alive")
+    parser.add_argument(
+        "--survivors",
+        action="store_true",
+        help="only mutants mutmut left alive (survived, no tests)",
+    )
+    parser.add_argument("--record", action="store_true", help=f"write outcomes to {CHECKED.name}")
+    parser.add_argument(
+        "--at", metavar="COMMIT", help="the tests as committed there, not as edited"
+    )
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
@@ -51,12 +100,19 @@ def main() -> int:
     known = recorded()
     chosen = sorted(n for n in known if any(fnmatch.fnmatchcase(n, p) for p in args.mutants))
     if args.survivors:
-        chosen = [n for n in chosen if known[n] == 0]
+        chosen = [n for n in chosen if known[n] in (0, 33)]  # survived, or no test reached it
     if not chosen:
         sys.exit(f"no mutant matches {args.mutants} (names as in `mutmut results`)")
     scratch = Path(tempfile.mkdtemp(prefix=".mutation-check-", dir=REPO.parent))
     try:
-        for item in COPIED:
+        if args.at:
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", args.at, *COPIED],
+                capture_output=True,
+                check=True,
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
+        for item in () if args.at else COPIED:
             src = REPO / item
             if src.is_dir():
                 shutil.copytree(src, scratch / item, ignore=shutil.ignore_patterns("__pycache__"))
@@ -65,22 +121,40 @@ def main() -> int:
         shutil.copytree(
             REPO / "mutants" / "vit", scratch / "vit", ignore=shutil.ignore_patterns("__pycache__")
         )
-        env = dict(os.environ, PYTHONPATH=str(scratch), VIT_HYPOTHESIS_PROFILE="mutation")
-        survived = 0
-        for name in chosen:
-            run = subprocess.run(
-                [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                cwd=scratch,
-                env=dict(env, MUTANT_UNDER_TEST=name),
-                capture_output=True,
-                text=True,
+        os.chdir(scratch)
+        sys.path.insert(0, str(scratch))
+        os.environ["PYTHONPATH"] = str(scratch)  # for the tests' own subprocesses
+        os.environ["VIT_HYPOTHESIS_PROFILE"] = "mutation"
+        # collected once here, so that each child finds torch, vit and the test modules imported
+        with open(os.devnull, "w") as quiet:
+            stdout, sys.stdout = sys.stdout, quiet
+            try:
+                collected = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *tests])
+            finally:
+                sys.stdout = stdout
+        if collected != 0:
+            sys.exit(f"the tests do not collect cleanly (pytest exit {collected}): {tests}")
+        clean = run_one("", tests)  # no mutant: the tests must pass on mutmut's copy of vit/
+        if clean != "survived":
+            sys.exit(
+                f"the tests do not pass without a mutant ({clean}): fix them, or run mutmut "
+                "again if vit/ changed since its last run"
             )
-            verdict = {0: "survived", 5: "no test collected"}.get(run.returncode, "killed")
-            survived += verdict != "killed"
-            print(f"{name}: {verdict}", flush=True)
-        print(f"{len(chosen) - survived} of {len(chosen)} killed")
-        return 1 if survived else 0
+        outcomes = {}
+        for name in chosen:
+            outcomes[name] = run_one(name, tests)
+            print(f"{name}: {outcomes[name]}", flush=True)
+        killed = sum(o in ("killed", "timeout") for o in outcomes.values())
+        print(f"{killed} of {len(chosen)} killed")
+        if args.record:
+            at = args.at or "working tree"
+            if args.at:
+                rev = ["git", "-C", str(REPO), "rev-parse", "--short", args.at]
+                at = subprocess.run(rev, capture_output=True, text=True, check=True).stdout.strip()
+            write_record(outcomes, tests, at)
+        return 0 if killed == len(chosen) else 1
     finally:
+        os.chdir(REPO)
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -5,7 +5,9 @@
 Reads mutants/**/*.meta (mutmut's own record of each mutant's outcome) and the reviewed survivors
 in experiments/record/mutations/reviewed.tsv (mutant, verdict, reason; verdict `equivalent`: the
 mutant computes the same results; `untestable`: it changes only what no test can observe, e.g.
-speed). The score is killed / (all - equivalent); untestable mutants count against it.
+speed), and the survivors that tests written since kill (checked.tsv, written by
+scripts/mutation_check.py --record). The score is killed / (all - equivalent); untestable mutants
+count against it.
 """
 
 from __future__ import annotations
@@ -69,38 +71,58 @@ def cpu_kind() -> str:
     return f"{model.group(1).strip() if model else platform.processor()} ({isa})"
 
 
+def checked_kills() -> set[str]:
+    """Survivors of a mutmut run that tests written since kill (scripts/mutation_check.py
+    --record runs them against each mutant and writes checked.tsv); the next mutmut run of those
+    mutants records the same outcome in mutants/."""
+    path = RECORD / "checked.tsv"
+    if not path.is_file():
+        return set()
+    rows = csv.reader(path.open(), delimiter="\t")
+    return {r[0] for r in rows if r and not r[0].startswith("#") and r[1] in ("killed", "timeout")}
+
+
+def share(killed: int, of: int) -> str:
+    return f"{100 * killed / of:.1f}%" if of else "-"
+
+
 def table(command: str) -> str:
-    review = reviewed()
+    review, later = reviewed(), checked_kills()
     lines = [
         "# Mutation score per module (mutmut)",
         "",
         f"Date {datetime.date.today()}; mutmut {version('mutmut')}; CPU {cpu_kind()}.",
         f"Command: `{command}` then `python scripts/mutation_table.py`.",
-        "Score = killed / (all - equivalent); survivors reviewed in [reviewed.tsv](reviewed.tsv);",
-        "while mutants remain unrun, the share killed of those run so far.",
         "",
-        "| module | mutants | " + " | ".join(COLUMNS) + " | equivalent | untestable | score |",
-        "|---" * (len(COLUMNS) + 5) + "|",
+        "- *mutmut*: the outcomes mutmut recorded (mutants/); *killed since*: survivors that tests",
+        "  written after the run kill, each checked with `python scripts/mutation_check.py MUTANT",
+        "  --record -- TESTS` ([checked.tsv](checked.tsv): mutant, outcome, date, tests).",
+        "- *equivalent* / *untestable*: survivors reviewed one by one in",
+        "  [reviewed.tsv](reviewed.tsv), each with its reason.",
+        "- *before* = killed / mutants run, as mutmut found them; *now* = (killed + killed since) /",
+        "  (mutants run - equivalent). Untestable mutants count against the score.",
+        "",
+        "| module | mutants | " + " | ".join(COLUMNS) + " | killed since | equivalent | untestable"
+        " | before | now |",
+        "|---" * (len(COLUMNS) + 7) + "|",
     ]
     survivors: list[str] = []
     for module in listed_modules():
         status = outcomes(module)
         counts = Counter(status.values())
-        verdicts = Counter(review[m][0] for m in status if m in review)
-        equivalent = verdicts["equivalent"]
-        checked = len(status) - counts["not checked"]
-        denominator = len(status) - equivalent
-        if counts["not checked"]:  # a run under way: the share so far, of the mutants run
-            done = checked - equivalent
-            score = f"so far {100 * counts['killed'] / done:.1f}% of {checked}" if done else "-"
-        else:
-            score = f"{100 * counts['killed'] / denominator:.1f}%" if denominator else "-"
+        alive = [m for m, s in status.items() if s in ("survived", "no tests")]
+        since = sum(m in later for m in alive)
+        verdicts = Counter(review[m][0] for m in alive if m in review and m not in later)
+        run = len(status) - counts["not checked"]
+        before = share(counts["killed"], run)
+        now = share(counts["killed"] + since, run - verdicts["equivalent"])
+        if counts["not checked"]:  # a run under way: shares of the mutants run so far
+            before, now = f"{before} of {run}", f"{now} of {run}"
         row = [module, str(len(status))] + [str(counts[c]) for c in COLUMNS]
-        lines.append(
-            "| " + " | ".join(row + [str(equivalent), str(verdicts["untestable"]), score]) + " |"
-        )
-        survivors += [m for m, s in status.items() if s == "survived" and m not in review]
-    lines += ["", f"Survivors not yet reviewed: {len(survivors)}."]
+        row += [str(since), str(verdicts["equivalent"]), str(verdicts["untestable"]), before, now]
+        lines.append("| " + " | ".join(row) + " |")
+        survivors += [m for m in alive if m not in review and m not in later]
+    lines += ["", f"Survivors neither killed since nor reviewed: {len(survivors)}."]
     lines += [f"- `{m}`" for m in sorted(survivors)[:200]]
     return "\n".join(lines) + "\n"
 
