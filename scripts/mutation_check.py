@@ -11,9 +11,9 @@ itself does; the line says `killed` (the tests failed) or `survived`. mutants/ h
 of the last mutmut run: run it again after editing vit/. The working tree and mutmut's results are
 not touched, so it can run beside scripts/mutation_run.sh: a new test is checked against the
 mutants it was written for before a mutmut run records it. `--survivors` keeps, of the matched
-mutants, those mutmut left alive (survived, or no test reached them); `--at COMMIT` takes the tests as committed there;
-`--record` writes each outcome, with the date, the commit and the tests, to
-experiments/record/mutations/checked.tsv, which scripts/mutation_table.py reads. Only a failing
+mutants, those mutmut left alive (survived, or no test reached them); `--at COMMIT` takes the
+tests as committed there; `--record` writes each outcome, with the date, the commit and the
+tests, to experiments/record/mutations/checked.tsv, which scripts/mutation_table.py reads. Only a failing
 test counts as a kill: a test file that does not collect stops the check.
 """
 
