@@ -65,14 +65,16 @@ def test_crop_output_is_a_window_of_the_padded_input(h: int, w: int) -> None:
     assert all(0 <= top <= 8 and 0 <= left <= 8 for top, left in offsets)
 
 
-def test_crop_offsets_differ_between_images_in_a_batch() -> None:
-    images = _images(48)
-    out = random_crop(images, padding=4, generator=torch.Generator().manual_seed(2))
-    offsets = _crop_offsets(images, out, padding=4)
-    # 48 draws from 81 offsets: ~35 distinct expected; one shared offset would give 1
-    assert len(set(offsets)) > 20
+@pytest.mark.parametrize("padding", [1, 4])
+def test_crop_offsets_differ_between_images_and_reach_every_window(padding: int) -> None:
+    images = _images(64, 16, 16)
+    out = random_crop(images, padding=padding, generator=torch.Generator().manual_seed(2))
+    offsets = _crop_offsets(images, out, padding=padding)
+    # 64 draws of (top, left): one shared offset would give 1 distinct pair
+    assert len(set(offsets)) > min(20, (2 * padding + 1) ** 2 // 2)
+    # windows touching the padding on either side are drawn too, flush ones (offset 0) included
     tops, lefts = zip(*offsets, strict=True)
-    assert min(tops) <= 1 and max(tops) >= 7 and min(lefts) <= 1 and max(lefts) >= 7
+    assert set(tops) == set(lefts) == set(range(2 * padding + 1))
 
 
 def test_crop_padding_zero_is_identity_and_negative_raises() -> None:
@@ -103,6 +105,15 @@ def test_unbatched_images_are_refused_naming_the_function_and_the_fix(
         call(_images(1, 8, 8)[0])
 
 
+def test_a_non_tensor_is_refused_naming_its_type() -> None:
+    message = (
+        "random_crop expects a batch of images shaped (B, C, H, W), got list; "
+        "add a batch dimension with images.unsqueeze(0) for a single image."
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        random_crop([[0, 1], [2, 3]])
+
+
 def test_crop_and_flip_reject_unbatched_images() -> None:
     with pytest.raises(ValueError, match=r"\(B, C, H, W\), got \(3, 32, 32\).*unsqueeze"):
         random_crop(_images()[0])
@@ -125,6 +136,18 @@ def test_flip_half_mirrors_some_images_whole() -> None:
     assert 16 < int(mirrored.sum()) < 48
 
 
+def test_flip_mirrors_an_image_when_its_draw_is_below_p() -> None:
+    """One uniform draw per image from the generator; p equal to a draw leaves that image alone,
+    so p = 0 never flips, even on a draw of exactly 0."""
+    images = _images(8)
+    u = torch.rand(8, generator=torch.Generator().manual_seed(5))
+    p = float(u[3])
+    out = random_hflip(images, p=p, generator=torch.Generator().manual_seed(5))
+    mirrored = (out == images.flip(-1)).flatten(1).all(1)
+    assert mirrored.tolist() == (u < p).tolist()
+    assert not mirrored[3] and 0 < int(mirrored.sum()) < 8
+
+
 def test_flip_rejects_a_probability_outside_0_1() -> None:
     with pytest.raises(ValueError, match=r"p must be a probability in \[0, 1\], got 1.5"):
         random_hflip(_images(), p=1.5)
@@ -139,12 +162,28 @@ def test_normalize_matches_torchvision() -> None:
 
 
 def test_normalize_rejects_float_input_and_wrong_channel_count() -> None:
-    with pytest.raises(ValueError, match="expects uint8 images.*got dtype torch.float32"):
+    dtype_message = (
+        "normalize expects uint8 images (0-255), got dtype torch.float32; "
+        "pass the raw uint8 batch, it divides by 255 itself."
+    )
+    with pytest.raises(ValueError, match=re.escape(dtype_message)):
         normalize(torch.zeros(1, 3, 4, 4), MEAN, STD)
-    with pytest.raises(ValueError, match="2 means and 3 stds for 3 channels"):
+    channels_message = (
+        "normalize got 2 means and 3 stds for 3 channels; give one mean and one std per channel."
+    )
+    with pytest.raises(ValueError, match=re.escape(channels_message)):
         normalize(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), MEAN[:2], STD)
     with pytest.raises(ValueError, match="std values must all be > 0"):
         normalize(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), MEAN, (1.0, 0.0, 1.0))
+
+
+def test_normalize_is_torchvisions_bit_for_bit_with_float64_statistics() -> None:
+    """Statistics computed in numpy (float64) are taken in float32, as torchvision's Normalize
+    takes them, so a model sees the same inputs through either."""
+    images = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(2, 3, 16, 16)
+    mean, std = np.array(MEAN, dtype=np.float64), np.array(STD, dtype=np.float64)
+    expected = TF.normalize(images.float() / 255, mean=mean, std=std)
+    assert torch.equal(normalize(images, mean, std), expected)
 
 
 def test_seeded_generator_is_deterministic() -> None:
@@ -261,14 +300,30 @@ def test_gpu_augmentation_never_makes_the_host_wait() -> None:
     assert (on_gpu.cpu() == on_cpu).float().mean() > 0.999
 
 
-def test_train_augment_with_randaugment_is_crop_flip_then_randaugment() -> None:
+def test_train_augment_with_trivial_augment_is_crop_flip_then_trivial_augment() -> None:
     images = _uint8_batch()
-    out = TrainAugment(rand_ops=2, rand_magnitude=9)(
+    out = TrainAugment(trivial=True)(images, generator=torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)  # one stream: crop, flip, then TrivialAugment's draws
+    expected = trivial_augment(
+        random_hflip(random_crop(images, generator=g), generator=g), generator=g
+    )
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize(("ops", "magnitude"), [(2, 9), (1, 20)])
+def test_train_augment_with_randaugment_is_crop_flip_then_randaugment(
+    ops: int, magnitude: int
+) -> None:
+    images = _uint8_batch()
+    out = TrainAugment(rand_ops=ops, rand_magnitude=magnitude)(
         images, generator=torch.Generator().manual_seed(3)
     )
     g = torch.Generator().manual_seed(3)  # the same stream: crop, flip, then RandAugment's draws
     expected = rand_augment_batch(
-        random_hflip(random_crop(images, generator=g), generator=g), generator=g
+        random_hflip(random_crop(images, generator=g), generator=g),
+        num_ops=ops,
+        magnitude=magnitude,
+        generator=g,
     )
     assert torch.equal(out, expected)
     assert "rand_ops=2, rand_magnitude=9" in repr(TrainAugment(rand_ops=2))
@@ -398,3 +453,30 @@ def test_mix_batch_draws_on_the_generator_device_whatever_the_default_device() -
     with torch.device("meta"):
         mixed, targets = mix_batch(images, labels, generator=g, **kwargs)
     assert torch.equal(mixed, expected) and targets.shape == (2, 3)
+
+
+def test_crop_and_flip_draw_on_the_generator_device_whatever_the_default_device() -> None:
+    """A script that calls torch.set_default_device("cuda") still crops and flips CPU images with
+    a CPU generator; the meta device stands in for the GPU (a draw there has no value to read)."""
+    images = _images(8, 8, 8)
+    expected = random_hflip(
+        random_crop(images, generator=torch.Generator().manual_seed(1)),
+        generator=torch.Generator().manual_seed(2),
+    )
+    with torch.device("meta"):
+        out = random_hflip(
+            random_crop(images, generator=torch.Generator().manual_seed(1)),
+            generator=torch.Generator().manual_seed(2),
+        )
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("augment", [random_crop, random_hflip])
+def test_a_cpu_generator_drives_a_batch_on_another_device(augment: Callable) -> None:
+    """Images on another device (meta stands in for a GPU) take their draws from the CPU
+    generator, so a run augments alike on any device and its generator state resumes."""
+    on_cpu, on_meta = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    augment(_images(8, 8, 8), generator=on_cpu)
+    out = augment(_images(8, 8, 8).to("meta"), generator=on_meta)
+    assert out.device.type == "meta" and out.shape == (8, 3, 8, 8)
+    assert torch.equal(on_meta.get_state(), on_cpu.get_state())

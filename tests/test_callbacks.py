@@ -13,12 +13,20 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.helpers import quiet_trainer, random_loader, tiny_classifier
-from vit.train.callbacks.budget import TimeBudget
+from vit.train.callbacks.budget import TimeBudget, fit_progress
 from vit.train.callbacks.checkpointing import FiniteLoss
 from vit.train.callbacks.curricula import MixSchedule, PatchDropSchedule, ResolutionSchedule
 
 BUDGET_SCHEDULE = {"warmup_epochs": 0.0, "warmup_fraction": 0.1}
 MIX_EXAMPLE = "e.g. [[0, 0.5], [0.85, 0]]: half the batches mixed until 85% of training, then none"
+RESOLUTION_EXAMPLE = (
+    "e.g. [[0, 16], [0.3, 24], [0.55, 32]]: 16x16 images for the first 30% of training, "
+    "24x24 until 55%, then 32x32"
+)
+DROP_EXAMPLE = (
+    "e.g. [[0, 0], [0.5, 0.5], [0.85, 0]]: every patch token until 50% of training, half of "
+    "them (drawn per image) until 85%, then every token again"
+)
 
 
 class FakeClock:
@@ -72,17 +80,20 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_p
 
 
 @pytest.mark.parametrize(
-    ("stages", "message"),
-    [
-        ([[0.1, 16], [0.5, 32]], "must start at 0, rise, and stay below 1"),
-        ([[0, 16], [0, 32]], "must start at 0, rise"),
-        ([[0, 16], [1.0, 32]], "stay below 1"),
-        ([[0]], "must be a list of \\[fraction, side\\]"),
-    ],
+    "stages", [[[0.1, 16], [0.5, 32]], [[0, 16], [0, 32]], [[0, 16], [1.0, 32]]]
 )
-def test_bad_resolution_schedules_fail_clearly(stages: list, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_bad_resolution_schedules_fail_clearly(stages: list) -> None:
+    message = (
+        f"ResolutionSchedule stages={stages!r}: the fractions must start at 0, rise, and stay "
+        f"below 1; {RESOLUTION_EXAMPLE}"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         ResolutionSchedule(stages=stages)
+    message = (
+        f"ResolutionSchedule stages=[[0]] must be a list of [fraction, side]; {RESOLUTION_EXAMPLE}"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ResolutionSchedule(stages=[[0]])
 
 
 def test_resolution_side_must_be_whole_patches(tmp_path) -> None:
@@ -113,13 +124,24 @@ def test_resolution_curriculum_trains_on_smaller_images_then_full_size(tmp_path)
 @pytest.mark.parametrize(
     ("stages", "message"),
     [
-        ([[0.2, 0.5]], "must start at 0, rise, and stay below 1"),
-        ([[0, 1.0]], "rate 1.0 must be in \\[0, 1\\)"),
-        ([[0, "half"]], "must be a list of \\[fraction, rate\\]"),
+        (
+            [[0.2, 0.5]],
+            "PatchDropSchedule stages=[[0.2, 0.5]]: the fractions must start at 0, rise, and stay "
+            f"below 1; {DROP_EXAMPLE}",
+        ),
+        (
+            [[0, 1.0]],
+            "PatchDropSchedule rate 1.0 must be in [0, 1): the fraction of patch tokens dropped; "
+            f"{DROP_EXAMPLE}",
+        ),
+        (
+            [[0, "half"]],
+            f"PatchDropSchedule stages=[[0, 'half']] must be a list of [fraction, rate]; {DROP_EXAMPLE}",
+        ),
     ],
 )
 def test_bad_patch_drop_schedules_fail_clearly(stages: list, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         PatchDropSchedule(stages=stages)
 
 
@@ -128,8 +150,49 @@ def test_patch_drop_schedule_and_a_constant_rate_are_not_both_set(tmp_path) -> N
     trainer = quiet_trainer(
         tmp_path, max_epochs=1, callbacks=[PatchDropSchedule(stages=[[0, 0.5]])]
     )
-    with pytest.raises(ValueError, match="patch_drop_rate=0.5 and PatchDropSchedule .* use one"):
+    message = (
+        "model.network.patch_drop_rate=0.5 and PatchDropSchedule both set the patch-drop rate: "
+        "use one (a constant rate is the stages [[0, rate]])."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         trainer.fit(module, random_loader(32))
+
+
+def test_patch_drop_setup_reads_the_plain_stage_names(monkeypatch) -> None:
+    """Lightning passes setup a TrainerFn, which equals "fit" in any case; a loop of one's own
+    passes Callback.setup's documented plain string, and gets the same check and plan."""
+    drop = PatchDropSchedule(stages=[[0, 0.0], [0.5, 0.25]])
+    constant = tiny_classifier(network={"patch_drop_rate": 0.5})
+    message = (
+        "model.network.patch_drop_rate=0.5 and PatchDropSchedule both set the patch-drop rate: "
+        "use one (a constant rate is the stages [[0, rate]])."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        drop.setup(None, constant, "fit")
+    drop.setup(None, constant, "validate")  # evaluation drops nothing: no conflict
+    module, planned = tiny_classifier(), []
+    monkeypatch.setattr(module, "plan_patch_drops", planned.append)
+    drop.setup(None, module, "test")
+    drop.setup(None, module, "fit")
+    assert planned == [[(0.0, 0.0), (0.5, 0.25)]]
+
+
+def test_patch_drop_stages_are_compiled_before_a_compiled_fit(tmp_path, monkeypatch) -> None:
+    """With torch_compile, the fit's start compiles every patch-drop rate of the schedule, so
+    that no stage compiles mid-training (the compiles are faked: only their plan is checked)."""
+    module = tiny_classifier(torch_compile=True)
+    monkeypatch.setattr(module.model, "compile", lambda **kwargs: None)
+    monkeypatch.setattr("vit.train.module.check_cpp_compiler", lambda: None)
+    planned: list[list] = []
+    monkeypatch.setattr(
+        "vit.train.module.compile_for_fit",
+        lambda module, *, sides, drop_rates: planned.append(list(drop_rates)),
+    )
+    drop = PatchDropSchedule(stages=[[0, 0.0], [0.5, 0.25]])
+    quiet_trainer(tmp_path, max_epochs=1, max_steps=1, callbacks=[drop]).fit(
+        module, random_loader(16)
+    )
+    assert planned == [[(0.0, 0.0), (0.5, 0.25)]]
 
 
 def test_patch_drop_schedule_cuts_training_tokens_by_stage_and_never_evaluation(tmp_path) -> None:
@@ -393,3 +456,16 @@ def test_an_eager_budget_starts_with_training_not_with_the_sanity_check(tmp_path
     )
     trainer.fit(tiny_classifier(schedule=BUDGET_SCHEDULE), random_loader(32), random_loader(16))
     assert trainer.global_step == 2 and clock.elapsed_s() == 20.0
+
+
+def test_without_a_budget_progress_is_the_share_of_planned_steps_capped_at_one() -> None:
+    """fit_progress is global_step / planned steps, in [0, 1]: 1 at the last planned step of a
+    one-step fit, and still 1 past the plan (a resume with a shorter max_steps)."""
+
+    def trainer(step: int, planned: int) -> SimpleNamespace:
+        return SimpleNamespace(callbacks=[], global_step=step, estimated_stepping_batches=planned)
+
+    assert fit_progress(trainer(1, 1)) == 1.0
+    assert fit_progress(trainer(1, 4)) == 0.25
+    assert fit_progress(trainer(3, 2)) == 1.0
+    assert fit_progress(trainer(0, 0)) == 0.0  # nothing planned: no division by zero

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 import torch
@@ -26,6 +27,25 @@ def test_collate_batch_passes_batches_and_collates_samples() -> None:
     assert pickle.loads(pickle.dumps(collate_batch)) is collate_batch
     with pytest.raises(ValueError, match=r"images must be uint8 \(N, C, H, W\), got torch.float32"):
         TensorImageDataset(torch.zeros(4, 3, 2, 2), torch.arange(4))
+
+
+def test_collate_batch_passes_only_an_images_and_labels_pair() -> None:
+    images, labels = torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2)
+    # two samples that are 1-D tensors are stacked, as default_collate does
+    pair = (torch.tensor([1, 2]), torch.tensor([3, 4]))
+    assert torch.equal(collate_batch(pair), torch.tensor([[1, 2], [3, 4]]))
+    # a triple is three samples to default_collate, which cannot stack their shapes
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        collate_batch((images, labels, labels.float()))
+
+
+def test_tensor_image_dataset_gathers_any_batch_and_checks_labels() -> None:
+    data = TensorImageDataset(torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.arange(4))
+    images, labels = data.__getitems__([])  # an empty batch is empty, not an error
+    assert images.shape == (0, 3, 2, 2) and labels.shape == (0,)
+    message = "labels must be shaped (4,) like the images, got (3,)."
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TensorImageDataset(torch.zeros(4, 3, 2, 2, dtype=torch.uint8), torch.arange(3))
 
 
 def test_index_dataset_item_is_its_batch_of_one_and_batches_stay_int64() -> None:

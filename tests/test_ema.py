@@ -119,6 +119,34 @@ def test_ema_decay_outside_zero_one_is_refused(decay: float) -> None:
         EMA(decay=decay)
 
 
+def test_ema_default_decay_is_the_documented_0_999() -> None:
+    assert EMA().decay == 0.999
+
+
+def test_with_gradient_accumulation_the_average_updates_once_per_optimizer_step(tmp_path) -> None:
+    """Two batches per optimizer step: the average is taken of the weights after each step
+    (a copy, then d = 2/11), never of the untouched weights between the two batches."""
+    record = Record()
+    module = tiny_classifier(optimizer={"lr": 3e-3}, schedule={"warmup_epochs": 0.0})
+    start = _weights(module)
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=1,  # 4 batches: 2 optimizer steps
+        accumulate_grad_batches=2,
+        callbacks=[EMA(decay=0.5), record],
+    )
+    trainer.fit(module, random_loader(64))
+    assert trainer.global_step == 2
+    after_steps = record.steps[1::2]  # the weights after each step's second batch
+    assert not any(torch.equal(a, b) for a, b in zip(after_steps[0], start, strict=True))
+    expected = _expected_ema(after_steps, decay=0.5)[-1]
+    for got, want in zip(_weights(module), expected, strict=True):  # after fit: the average
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    path = tmp_path / "accumulated.ckpt"
+    trainer.save_checkpoint(path)
+    assert int(load_checkpoint(path)["averaging_state"]["n_averaged"]) == 2
+
+
 def test_ema_from_the_command_line_as_the_readme_shows(image_tree: Path, tmp_path: Path) -> None:
     """`--trainer.callbacks+=vit.train.callbacks.EMA --trainer.callbacks.decay 0.99` appends EMA to
     the config's callbacks: the checkpoint holds the average, the live weights beside it."""

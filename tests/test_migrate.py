@@ -22,7 +22,7 @@ import yaml
 from tests.helpers import CIFAR_ARCHIVE, REPO, quiet_trainer, random_loader, tiny_classifier
 from vit.io.checkpoint import load_checkpoint
 from vit.io.load import load_model
-from vit.io.migrate import migrate_checkpoint
+from vit.io.migrate import is_old_layout, migrate_checkpoint, migrate_metric_states
 from vit.train.callbacks.budget import TimeBudget
 from vit.train.module import ViTClassifier
 
@@ -372,3 +372,57 @@ def test_each_load_migrates_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls.clear()
     module.on_load_checkpoint(_raw_fixture())  # as Lightning reads it: the old layout
     assert len(calls) == 1
+
+
+TODAY_HPARAMS = {"_class_path": "vit.train.module.ViTClassifier", "network": {"preset": "vit_tiny"}}
+
+
+@pytest.mark.parametrize(
+    ("ckpt", "old"),
+    [
+        ({"hyper_parameters": {"preset": "vit_tiny", "lr": 1e-3}}, True),  # flat options alone
+        ({"hyper_parameters": TODAY_HPARAMS, "train_elapsed_s": 1.5}, True),  # the clock alone
+        ({"hyper_parameters": {**TODAY_HPARAMS, "_class_path": "vit.lit_module.ViTClassifier"}},
+         True),  # an old class path alone
+        ({"hyper_parameters": TODAY_HPARAMS,
+          "datamodule_hyper_parameters": {"_class_path": "vit.data.CIFAR10DataModule"}}, True),
+        ({"hyper_parameters": TODAY_HPARAMS,
+          "datamodule_hyper_parameters": {"_class_path": "vit.train.datamodule.CIFAR10DataModule"},
+          "callbacks": {"TimeBudget": {"elapsed_s": 1.5, "off_clock_s": 0.0}}}, False),
+        ({"hyper_parameters": {"preset": "vit_tiny", "network": {}}}, False),  # grouped already
+        ({"state_dict": {}}, False),  # no hyper-parameters at all
+    ],
+)  # fmt: skip
+def test_is_old_layout_sees_each_old_trait_on_its_own(ckpt: dict[str, Any], old: bool) -> None:
+    """Any one old trait is enough for the module's hook to migrate what Lightning read."""
+    assert is_old_layout(ckpt) is old
+    assert is_old_layout(migrate_checkpoint(copy.deepcopy(ckpt))) is False
+
+
+def test_migrate_metric_states_sums_per_class_counts_into_the_modules_micro_counts() -> None:
+    own = {
+        "metrics.val.tp": torch.zeros(1, dtype=torch.long),
+        "metrics.val.fn": torch.zeros(1, dtype=torch.long),
+        "metrics.val5.tp": torch.zeros(3, dtype=torch.long),  # top-5 keeps per-class counts
+    }
+    micro = torch.tensor([9], dtype=torch.long)
+    per_class5 = torch.tensor([1, 2, 3])
+    weight = torch.randn(2, 2)
+    state = {
+        "metrics.val.tp": torch.tensor([3, 4]),  # two classes: the fewest that need summing
+        "metrics.val.fn": micro,  # today's micro count
+        "metrics.val5.tp": per_class5,
+        "model.head.weight": weight,  # not a metric state
+    }
+    migrate_metric_states(state, own)
+    assert state["metrics.val.tp"].tolist() == [7] and state["metrics.val.tp"].dtype == torch.long
+    # today's states stay as they are, the very tensors
+    assert state["metrics.val.fn"] is micro and state["metrics.val5.tp"] is per_class5
+    assert state["model.head.weight"] is weight
+    # counts saved as floats come back in the module's dtype: torchmetrics sets the loaded tensor
+    # as the state, with no cast of its own
+    floats = {"metrics.val.tp": torch.tensor([3.0, 4.0, 5.0])}
+    migrate_metric_states(floats, own)
+    assert floats["metrics.val.tp"].dtype == torch.long and floats["metrics.val.tp"].tolist() == [
+        12
+    ]

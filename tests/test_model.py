@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import warnings
@@ -361,6 +362,38 @@ def test_resize_pos_embed_keeps_cls_and_interpolates() -> None:
     assert torch.equal(resize_pos_embed(pos, new_grid=4), pos)
 
 
+def test_resize_pos_embed_samples_bicubic_at_half_pixel_centres() -> None:
+    # 4x4 -> 2x2: output cell i sits at source coordinate 2i + 0.5 (align_corners=False, as timm
+    # and PIL resize), between cells 2i and 2i+1. Keys' cubic (a = -0.75, PyTorch's) weighs the
+    # neighbours at distances 1.5, 0.5, 0.5, 1.5 by -3/32, 19/32, 19/32, -3/32; the edge repeats.
+    # On the ramp 0, 1, 2, 3: (0*-3 + 0*19 + 1*19 + 2*-3)/32 and (1*-3 + 2*19 + 3*19 + 3*-3)/32.
+    ramp = torch.tensor([13 / 32, 83 / 32])
+    rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(4.0), indexing="ij")
+    table = torch.stack([cols, 10 * rows], dim=-1).reshape(1, 16, 2)  # channel 0: column, 1: row
+    pos = torch.cat([torch.tensor([[[7.0, -7.0]]]), table], dim=1)
+    small = resize_pos_embed(pos, new_grid=2)
+    new_rows, new_cols = torch.meshgrid(ramp, ramp, indexing="ij")
+    expected = torch.stack([new_cols, 10 * new_rows], dim=-1).reshape(1, 4, 2)
+    torch.testing.assert_close(small, torch.cat([pos[:, :1], expected], dim=1))
+
+
+def test_resize_pos_embed_rejects_a_table_that_is_not_a_square_grid() -> None:
+    pos = torch.randn(1, 1 + 15, 8)  # 15 patch entries: no g x g grid
+    message = "position table has 15 patch entries, not a square grid."
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        resize_pos_embed(pos, new_grid=4)
+
+
+def test_set_patch_drop_takes_rates_in_0_to_1_and_refuses_1(tiny_model: VisionTransformer) -> None:
+    tiny_model.set_patch_drop(0.75)
+    assert tiny_model.patch_drop_rate == 0.75
+    for rate in (1.0, 1.5, -0.1):  # dropping every patch (1.0) leaves nothing to attend to
+        message = f"patch_drop_rate={rate} must be in [0, 1): the fraction dropped."
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            tiny_model.set_patch_drop(rate)
+    assert tiny_model.patch_drop_rate == 0.75  # a refused rate changes nothing
+
+
 def test_state_dict_round_trip_is_exact(tiny_model: VisionTransformer) -> None:
     other = VisionTransformer(**TINY)
     other.load_state_dict(tiny_model.state_dict())
@@ -435,3 +468,19 @@ def test_dynamic_img_size_takes_smaller_grids_and_trains_the_one_position_table(
     assert dynamic.pos_embed.grad is not None and dynamic.pos_embed.grad[:, 1:].abs().sum() > 0
     with pytest.raises(ValueError, match=r"expected images of shape \(B, 3, 32, 32\)"):
         dynamic(torch.randn(2, 3, 20, 20))  # not whole patches
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 3, 16, 32), (2, 3, 32, 16), (2, 3, 20, 20), (2, 1, 16, 16), (3, 16, 16)],
+)  # not square either way round, not whole patches, another channel count, no batch dim
+def test_dynamic_patch_embed_takes_only_square_whole_patch_images(shape: tuple) -> None:
+    embed = PatchEmbed(img_size=32, patch_size=8, in_chans=3, embed_dim=16, dynamic_img_size=True)
+    assert embed(torch.randn(2, 3, 16, 16)).shape == (2, 4, 16)  # a 2x2 grid
+    message = (
+        f"expected images of shape (B, 3, 32, 32), got {shape}. Resize or convert the input, or "
+        "build the model with img_size/in_chans matching it (checkpoints can be loaded at "
+        "another image size)."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        embed(torch.randn(*shape))

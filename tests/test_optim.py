@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+
 import lightning as L
 import pytest
 import torch
@@ -10,8 +13,8 @@ from torch import nn
 from tests.helpers import quiet_trainer, random_loader, tiny_classifier
 from vit.train import muon as muon_module
 from vit.train.module import ViTClassifier
-from vit.train.muon import MuonAdamW, orthogonalize
-from vit.train.optim import muon_param_groups
+from vit.train.muon import MuonAdamW, iteration_dtype, orthogonalize
+from vit.train.optim import MuonConfig, OptimizerConfig, check_resume_layout, muon_param_groups
 
 
 @pytest.mark.parametrize("shape", [(8, 24), (24, 8), (16, 16)])
@@ -70,6 +73,22 @@ def test_gram_form_gives_the_loops_iterations(shape: tuple[int, int], monkeypatc
     assert calls == [1]
 
 
+@pytest.mark.parametrize("shape", [(16, 16), (8, 11), (11, 8)])
+def test_below_the_gram_ratio_float32_keeps_the_loop(shape: tuple[int, int], monkeypatch) -> None:
+    """A square matrix, or one whose long side is under GRAM_FORM_RATIO (1.5) times the short
+    (11 / 8 = 1.375), gains nothing from the Gram form: float32 runs the textbook loop there."""
+    calls = []
+    gram_form = muon_module._iterate_on_the_gram
+    monkeypatch.setattr(
+        muon_module, "_iterate_on_the_gram", lambda *a: calls.append(1) or gram_form(*a)
+    )
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    out = orthogonalize(g)
+    assert calls == []
+    loop = _newton_schulz(g)
+    assert (out.double() - loop).abs().max() < 1e-4 * loop.abs().max()
+
+
 def test_the_iterations_run_in_the_dtype_asked_for() -> None:
     """dtype=bfloat16 iterates in bfloat16 whatever the gradient's dtype, and hands the result
     back in the gradient's; MuonAdamW's ns_dtype reaches the iterations."""
@@ -78,6 +97,8 @@ def test_the_iterations_run_in_the_dtype_asked_for() -> None:
     out = orthogonalize(g, dtype=torch.bfloat16)
     assert out.dtype == torch.float32 and torch.equal(out, in_bf16)
     assert (in_bf16 - orthogonalize(g)).abs().max() > 1e-3  # bfloat16's rounding shows
+    # a bfloat16 gradient iterated in float32 comes back in bfloat16, its parameter's dtype
+    assert orthogonalize(g.bfloat16()).dtype == torch.bfloat16
     w = nn.Parameter(torch.zeros(8, 16))
     opt = MuonAdamW(
         [{"params": [w], "use_muon": True}],
@@ -414,3 +435,73 @@ def test_iterations_run_in_bf16_only_where_bf16_is_fast(monkeypatch) -> None:
     monkeypatch.setattr(vit.train.muon, "cpu_has_fast_bf16", lambda: True)
     opt = MuonAdamW([{"params": [w], "use_muon": True}], ns_dtype=torch.float32)
     assert opt.ns_dtype == torch.float32  # an explicit dtype wins
+    # a parameter on a GPU iterates in bfloat16 even where the CPU's bf16 is slow; only the
+    # device is read, so a stand-in with a CUDA device serves on a machine without one
+    monkeypatch.setattr(vit.train.muon, "cpu_has_fast_bf16", lambda: False)
+    on_gpu = SimpleNamespace(device=torch.device("cuda"))
+    assert iteration_dtype([w, on_gpu]) == torch.bfloat16
+    assert iteration_dtype([w]) == torch.float32
+
+
+def test_muon_adamw_defaults_are_adamws_and_muons_own() -> None:
+    """Unset, a group is an AdamW group with torch.optim.AdamW's lr, betas and eps, and the
+    project's weight decay (OptimizerConfig's 0.05); Muon's momentum and steps are its
+    reference code's (0.95, 5), and a Muon group orthogonalizes each matrix whole (split 1)."""
+    w = nn.Parameter(torch.zeros(4, 4))
+    opt = MuonAdamW([{"params": [w]}])
+    adamw = torch.optim.AdamW([nn.Parameter(torch.zeros(1))]).defaults
+    config = OptimizerConfig()
+    assert opt.defaults == {
+        "lr": adamw["lr"],
+        "weight_decay": config.weight_decay,
+        "betas": adamw["betas"],
+        "eps": adamw["eps"],
+        "momentum": 0.95,
+        "ns_steps": 5,
+        "use_muon": False,
+        "split": 1,
+    }
+    assert opt.param_groups[0]["use_muon"] is False
+
+
+def test_muon_groups_take_the_given_lr_or_the_optimizers() -> None:
+    """Both Muon groups (the qkv one split in 3) carry Muon's settings and the given peak lr;
+    without one, every group takes the optimizer's lr."""
+    model = tiny_classifier(optimizer={"name": "muon"}).model
+    groups = muon_param_groups(model, weight_decay=0.07, lr=0.5, split_qkv=True)
+    assert [(g["use_muon"], g["weight_decay"], g["lr"]) for g in groups[:2]] == [
+        (True, 0.07, 0.5),
+        (True, 0.07, 0.5),
+    ]
+    assert groups[1]["split"] == 3
+    assert all("use_muon" not in g for g in groups[2:])  # AdamW's, by MuonAdamW's default
+    opt = MuonAdamW(muon_param_groups(model, weight_decay=0.07), lr=0.02)
+    assert [g["lr"] for g in opt.param_groups] == [0.02] * len(opt.param_groups)
+
+
+@pytest.mark.parametrize(
+    ("saved", "ours"),
+    [
+        # saved before the optimizer was a setting: AdamW, no Muon options
+        ({}, OptimizerConfig()),
+        ({"name": "muon", "muon": None}, OptimizerConfig(name="muon")),
+        (
+            {"name": "muon", "muon": {"split_qkv": True, "patch_embed": True}},
+            OptimizerConfig(name="muon", muon=MuonConfig(split_qkv=True, patch_embed=True)),
+        ),
+    ],
+)
+def test_a_resume_with_the_same_optimizer_layout_is_accepted(saved: dict, ours) -> None:
+    check_resume_layout(saved, ours)  # raises on a mismatch
+
+
+def test_a_resume_layout_mismatch_names_both_layouts_and_the_flags() -> None:
+    message = (
+        "--ckpt_path: the checkpoint's optimizer state was saved with {'name': 'muon', "
+        "'muon.split_qkv': True, 'muon.patch_embed': False} and this run has {'name': 'adamw', "
+        "'muon.split_qkv': False, 'muon.patch_embed': False}; a resume needs the same optimizer "
+        "layout. Resume with --model.optimizer.name muon --model.optimizer.muon.split_qkv true "
+        "--model.optimizer.muon.patch_embed false, or start a fresh run without --ckpt_path."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        check_resume_layout({"name": "muon", "muon": {"split_qkv": True}}, OptimizerConfig())

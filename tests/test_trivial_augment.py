@@ -19,6 +19,7 @@ from vit.data.trivial_augment import (
     magnitudes,
     rand_augment_batch,
     rand_magnitudes,
+    to_device,
     trivial_augment_batch,
 )
 
@@ -292,3 +293,12 @@ def test_gpu_images_stay_on_the_gpu_whatever_the_generator(grouped: bool | None)
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def test_to_device_moves_draws_to_a_device_other_than_cuda_as_they_are() -> None:
+    """No pinned memory (which needs a GPU) on the way to a non-CUDA device; meta stands in for
+    one, and a tensor already there is returned as is."""
+    draws = torch.rand(5, generator=torch.Generator().manual_seed(0))
+    moved = to_device(draws, torch.device("meta"))
+    assert moved.device.type == "meta" and moved.shape == (5,)
+    assert to_device(draws, torch.device("cpu")) is draws
