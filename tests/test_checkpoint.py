@@ -7,8 +7,10 @@ import fractions
 import importlib.util
 import json
 import os
+import pickle
 import re
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -371,3 +373,112 @@ def test_missing_timm_says_how_to_install(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "timm.models.vision_transformer", None)
     with pytest.raises(ImportError, match=r'pip install -e "\.\[timm\]"'):
         to_timm(_model())
+
+
+# ---- 6. every message in full: each names the file and says what to pass instead ------------
+
+
+def test_missing_file_and_directory_say_what_to_pass(tmp_path) -> None:
+    missing = tmp_path / "nope.ckpt"
+    message = (
+        f"checkpoint {str(missing)!r} does not exist. Pass the path of a .ckpt that vit-train "
+        "wrote, e.g. runs/quick/version_0/checkpoints/last.ckpt."
+    )
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):
+        load_checkpoint(missing)
+    message = (
+        f"{str(tmp_path)!r} is a directory, not a checkpoint file; pass the file inside it, e.g. "
+        f"{str(tmp_path) + os.sep + 'last.ckpt'!r} (vit-train writes "
+        "version_N/checkpoints/*.ckpt)."
+    )
+    with pytest.raises(IsADirectoryError, match=f"^{re.escape(message)}$"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_file_holding_no_dict_names_what_it_holds(tmp_path) -> None:
+    path = tmp_path / "list.pt"
+    torch.save([torch.zeros(2)], path)
+    message = (
+        f"{str(path)!r} holds a list, not a checkpoint dict; expected a .ckpt from vit-train or a "
+        "saved state_dict."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        load_checkpoint(path)
+
+
+def test_a_bare_pickle_of_objects_is_not_a_checkpoint(tmp_path) -> None:
+    """Weights-only unpickling refuses its object, but the file is no torch.save format at all:
+    the message says so rather than listing objects."""
+    path = tmp_path / "bare.pkl"
+    path.write_bytes(pickle.dumps(fractions.Fraction(1, 3), protocol=2))
+    message = (
+        f"{str(path)!r} is not a PyTorch checkpoint: its first bytes match neither format that "
+        "torch.save writes (random bytes, another file type, or the wrong path?). Pass a .ckpt "
+        "written by vit-train or a file from torch.save."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        load_checkpoint(path)
+
+
+REFUSED = re.compile(
+    r"^refusing to load (?P<path>'[^']*'): besides tensors and plain values it holds Python "
+    r"objects \((?P<names>.*)\), and unpickling them could run code\. Nothing from the file was "
+    r"run\. If you trust its origin, load it once with torch\.load\(path, weights_only=False\) "
+    r"and torch\.save only its state_dict and hyper_parameters; share that \(or "
+    r"export_safetensors of it\)\.$"
+)
+
+
+def _refused_names(path: Path) -> list[str]:
+    with pytest.raises(ValueError) as err:
+        load_checkpoint(path)
+    found = REFUSED.match(str(err.value))
+    assert found, str(err.value)
+    assert found["path"] == repr(str(path))
+    return found["names"].split(", ")
+
+
+def test_a_refused_checkpoint_lists_every_object_or_says_unknown(tmp_path) -> None:
+    """All objects of a zip checkpoint, comma-separated (read from its pickle, not from torch's
+    error, which names only the first); the first of a legacy one, from torch's error; and
+    'unknown' where the file is refused for something other than a named object."""
+    held = {"a": fractions.Fraction(1, 3), "b": decimal.Decimal("0.1")}
+    both = tmp_path / "both.ckpt"
+    torch.save({"state_dict": {}, **held}, both)
+    assert sorted(_refused_names(both)) == ["decimal.Decimal", "fractions.Fraction"]
+    legacy = tmp_path / "legacy.ckpt"
+    torch.save({"a": held["a"]}, legacy, _use_new_zipfile_serialization=False)
+    assert _refused_names(legacy) == ["fractions.Fraction"]
+    # torch.save's legacy header, then a pickle opcode (INT) the weights-only unpickler refuses
+    opcode = tmp_path / "opcode.ckpt"
+    opcode.write_bytes(pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2) + b"I1\n.")
+    assert _refused_names(opcode) == ["unknown"]
+
+
+def test_weights_only_holds_even_where_the_environment_turns_it_off(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.load's default yields to TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD; load_checkpoint's
+    explicit weights_only=True does not, so a hostile file is still refused."""
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    path = tmp_path / "objects.ckpt"
+    torch.save({"a": fractions.Fraction(1, 3)}, path)
+    assert _refused_names(path) == ["fractions.Fraction"]
+
+
+def test_a_checkpoint_saved_on_a_gpu_loads_onto_the_cpu(tmp_path) -> None:
+    """A checkpoint trained on CUDA reads on a machine without one (and stays on the CPU where
+    there is one). Made here by renaming the storage's device in a CPU save's pickle."""
+    cpu = tmp_path / "cpu.ckpt"
+    torch.save({"w": torch.arange(3.0)}, cpu)
+    gpu = tmp_path / "gpu.ckpt"
+    with zipfile.ZipFile(cpu) as src, zipfile.ZipFile(gpu, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("/data.pkl"):
+                assert b"X\x03\x00\x00\x00cpu" in data  # the storage's location, as pickled
+                data = data.replace(b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0")
+            dst.writestr(info, data)
+    w = load_checkpoint(gpu)["w"]
+    assert w.device == torch.device("cpu")
+    assert torch.equal(w, torch.arange(3.0))

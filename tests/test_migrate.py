@@ -426,3 +426,19 @@ def test_migrate_metric_states_sums_per_class_counts_into_the_modules_micro_coun
     assert floats["metrics.val.tp"].dtype == torch.long and floats["metrics.val.tp"].tolist() == [
         12
     ]
+
+
+def test_the_old_clock_alone_moves_into_the_time_budget_callback() -> None:
+    """A checkpoint with the budget's clock but no callbacks yet gets them; an old one without
+    an off-clock time had none (0.0 s); an off-clock time it holds is kept."""
+    ckpt = migrate_checkpoint({"train_elapsed_s": 1.5})
+    assert ckpt == {"callbacks": {"TimeBudget": {"elapsed_s": 1.5, "off_clock_s": 0.0}}}
+    ckpt = migrate_checkpoint({"train_elapsed_s": 1.5, "train_off_clock_s": 0.25})
+    assert ckpt == {"callbacks": {"TimeBudget": {"elapsed_s": 1.5, "off_clock_s": 0.25}}}
+
+
+def test_grouped_hyper_parameters_that_hold_a_preset_pass_unchanged() -> None:
+    """A grouped layout may hold a top-level preset beside its network group: not flat."""
+    hp = {"preset": "vit_tiny", "network": {"preset": "vit_tiny"}, "lr": 1e-3}
+    ckpt = migrate_checkpoint({"hyper_parameters": copy.deepcopy(hp)})
+    assert ckpt == {"hyper_parameters": hp}
