@@ -86,13 +86,14 @@ def share(killed: int, of: int) -> str:
     return f"{100 * killed / of:.1f}%" if of else "-"
 
 
-def table(command: str) -> str:
+def table(command: str, status_note: str = "") -> str:
     review, later = reviewed(), checked_kills()
     lines = [
         "# Mutation score per module (mutmut)",
         "",
         f"Date {datetime.date.today()}; mutmut {version('mutmut')}; CPU {cpu_kind()}.",
         f"Command: `{command}` then `python scripts/mutation_table.py`.",
+        *(["", status_note] if status_note else []),
         "",
         "- *mutmut*: the outcomes mutmut recorded (mutants/); *killed since*: survivors that tests",
         "  written after the run kill, each checked with `python scripts/mutation_check.py MUTANT",
@@ -131,8 +132,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--command", default="bash scripts/mutation_run.sh")
     parser.add_argument("--out", type=Path, default=RECORD / "mutmut.md")
+    parser.add_argument("--status", default="", help="a paragraph on the run's state")
     args = parser.parse_args()
-    text = table(args.command)
+    text = table(args.command, args.status)
     args.out.write_text(text)
     print(text)
 
