@@ -480,3 +480,42 @@ def test_a_cpu_generator_drives_a_batch_on_another_device(augment: Callable) -> 
     out = augment(_images(8, 8, 8).to("meta"), generator=on_meta)
     assert out.device.type == "meta" and out.shape == (8, 3, 8, 8)
     assert torch.equal(on_meta.get_state(), on_cpu.get_state())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"padding": -1},
+            "TrainAugment padding must be an int >= 0, got -1; use 0 to turn cropping off.",
+        ),
+        (
+            {"padding": 2.0},
+            "TrainAugment padding must be an int >= 0, got 2.0; use 0 to turn cropping off.",
+        ),
+        ({"rand_ops": -1}, "rand_augment_ops must be an int >= 0 (0: off), got -1."),
+        (
+            {"rand_ops": 2, "rand_magnitude": 31},
+            "rand_augment_magnitude must be an int bin in [0, 30], got 31 (9 is timm's rand-m9).",
+        ),
+        (
+            {"rand_ops": 2, "rand_magnitude": -1},
+            "rand_augment_magnitude must be an int bin in [0, 30], got -1 (9 is timm's rand-m9).",
+        ),
+        (
+            {"trivial": True, "rand_ops": 1},
+            "trivial_augment and rand_augment_ops > 0 are two policies for the same place: "
+            "choose one (set trivial_augment: false or rand_augment_ops: 0).",
+        ),
+    ],
+)
+def test_train_augment_refuses_each_bad_setting_with_its_fix(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        TrainAugment(**kwargs)
+
+
+def test_train_augment_takes_the_edge_settings() -> None:
+    """Padding 0, no RandAugment ops, and both ends of the magnitude bins are all valid."""
+    assert TrainAugment(padding=0, rand_ops=0).padding == 0
+    for magnitude in (0, 30):
+        assert TrainAugment(rand_ops=1, rand_magnitude=magnitude).rand_magnitude == magnitude
