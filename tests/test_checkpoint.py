@@ -99,6 +99,32 @@ def test_a_truncated_checkpoint_names_its_format_and_torchs_first_sentence(
         load_checkpoint(path)
 
 
+def _not_a_checkpoint(path: Path) -> str:
+    return (
+        f"{str(path)!r} is not a PyTorch checkpoint: its first bytes match neither format that "
+        "torch.save writes (random bytes, another file type, or the wrong path?). Pass a .ckpt "
+        "written by vit-train or a file from torch.save."
+    )
+
+
+REFUSED = re.compile(
+    r"^refusing to load (?P<path>'[^']*'): besides tensors and plain values it holds Python "
+    r"objects \((?P<names>.*)\), and unpickling them could run code\. Nothing from the file was "
+    r"run\. If you trust its origin, load it once with torch\.load\(path, weights_only=False\) "
+    r"and torch\.save only its state_dict and hyper_parameters; share that \(or "
+    r"export_safetensors of it\)\.$"
+)
+
+
+def _refused_names(path: Path) -> list[str]:
+    with pytest.raises(ValueError) as err:
+        load_checkpoint(path)
+    found = REFUSED.match(str(err.value))
+    assert found, str(err.value)
+    assert found["path"] == repr(str(path))
+    return found["names"].split(", ")
+
+
 @pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
 def test_a_refused_checkpoint_names_the_objects_it_holds(tmp_path, zip_format: bool) -> None:
     """A zip checkpoint's objects are all listed from its pickle, sorted (torch gives a set, and
@@ -107,16 +133,8 @@ def test_a_refused_checkpoint_names_the_objects_it_holds(tmp_path, zip_format: b
     path = tmp_path / "objects.ckpt"
     held = {"a": fractions.Fraction(1, 3), "b": decimal.Decimal("0.1")}
     torch.save({"state_dict": {}, **held}, path, _use_new_zipfile_serialization=zip_format)
-    names = "decimal.Decimal, fractions.Fraction" if zip_format else "fractions.Fraction"
-    before = f"refusing to load {str(path)!r}: besides tensors and plain values it holds Python "
-    after = (
-        "), and unpickling them could run code. Nothing from the file was run. If you trust its "
-        "origin, load it once with torch.load(path, weights_only=False) and torch.save only its "
-        "state_dict and hyper_parameters; share that (or export_safetensors of it)."
-    )
-    message = f"^{re.escape(before + 'objects (' + names + after)}$"
-    with pytest.raises(ValueError, match=message):
-        load_checkpoint(path)
+    names = ["decimal.Decimal", "fractions.Fraction"] if zip_format else ["fractions.Fraction"]
+    assert _refused_names(path) == names
 
 
 def test_files_that_are_not_checkpoints_say_what_to_use(tmp_path) -> None:
@@ -132,22 +150,8 @@ def test_files_that_are_not_checkpoints_say_what_to_use(tmp_path) -> None:
     # further on (here ending at byte 33) is no sign of a checkpoint
     text = tmp_path / "notes.pt"
     text.write_bytes(b"#" * 23 + b"l\xfc\x9cF\xf9 j\xa8P\x19" + b"#" * 40)
-    message = (
-        f"{str(text)!r} is not a PyTorch checkpoint: its first bytes match neither format that "
-        "torch.save writes (random bytes, another file type, or the wrong path?). Pass a .ckpt "
-        "written by vit-train or a file from torch.save."
-    )
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=f"^{re.escape(_not_a_checkpoint(text))}$"):
         load_checkpoint(text)
-
-
-def test_missing_file_and_directory(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match="does not exist") as err:
-        load_model(tmp_path / "nope.ckpt")
-    assert str(tmp_path / "nope.ckpt") in str(err.value)
-    with pytest.raises(IsADirectoryError, match="is a directory") as err:
-        load_checkpoint(tmp_path)
-    assert str(tmp_path) in str(err.value)
 
 
 def test_other_class_count_names_parameters_and_shapes(tmp_path) -> None:
@@ -386,6 +390,10 @@ def test_missing_file_and_directory_say_what_to_pass(tmp_path) -> None:
     )
     with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):
         load_checkpoint(missing)
+    # load_model also offers the shipped weights' names (tests/test_pretrained.py)
+    with pytest.raises(FileNotFoundError, match="does not exist") as err:
+        load_model(missing)
+    assert str(missing) in str(err.value)
     message = (
         f"{str(tmp_path)!r} is a directory, not a checkpoint file; pass the file inside it, e.g. "
         f"{str(tmp_path) + os.sep + 'last.ckpt'!r} (vit-train writes "
@@ -411,44 +419,12 @@ def test_a_bare_pickle_of_objects_is_not_a_checkpoint(tmp_path) -> None:
     the message says so rather than listing objects."""
     path = tmp_path / "bare.pkl"
     path.write_bytes(pickle.dumps(fractions.Fraction(1, 3), protocol=2))
-    message = (
-        f"{str(path)!r} is not a PyTorch checkpoint: its first bytes match neither format that "
-        "torch.save writes (random bytes, another file type, or the wrong path?). Pass a .ckpt "
-        "written by vit-train or a file from torch.save."
-    )
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ValueError, match=f"^{re.escape(_not_a_checkpoint(path))}$"):
         load_checkpoint(path)
 
 
-REFUSED = re.compile(
-    r"^refusing to load (?P<path>'[^']*'): besides tensors and plain values it holds Python "
-    r"objects \((?P<names>.*)\), and unpickling them could run code\. Nothing from the file was "
-    r"run\. If you trust its origin, load it once with torch\.load\(path, weights_only=False\) "
-    r"and torch\.save only its state_dict and hyper_parameters; share that \(or "
-    r"export_safetensors of it\)\.$"
-)
-
-
-def _refused_names(path: Path) -> list[str]:
-    with pytest.raises(ValueError) as err:
-        load_checkpoint(path)
-    found = REFUSED.match(str(err.value))
-    assert found, str(err.value)
-    assert found["path"] == repr(str(path))
-    return found["names"].split(", ")
-
-
-def test_a_refused_checkpoint_lists_every_object_or_says_unknown(tmp_path) -> None:
-    """All objects of a zip checkpoint, comma-separated (read from its pickle, not from torch's
-    error, which names only the first); the first of a legacy one, from torch's error; and
-    'unknown' where the file is refused for something other than a named object."""
-    held = {"a": fractions.Fraction(1, 3), "b": decimal.Decimal("0.1")}
-    both = tmp_path / "both.ckpt"
-    torch.save({"state_dict": {}, **held}, both)
-    assert sorted(_refused_names(both)) == ["decimal.Decimal", "fractions.Fraction"]
-    legacy = tmp_path / "legacy.ckpt"
-    torch.save({"a": held["a"]}, legacy, _use_new_zipfile_serialization=False)
-    assert _refused_names(legacy) == ["fractions.Fraction"]
+def test_a_file_refused_for_no_named_object_says_unknown(tmp_path) -> None:
+    """Refused for something other than a named object (a named one: the test above)."""
     # torch.save's legacy header, then a pickle opcode (INT) the weights-only unpickler refuses
     opcode = tmp_path / "opcode.ckpt"
     opcode.write_bytes(pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2) + b"I1\n.")
