@@ -7,6 +7,12 @@ machine, so it can be measured here and compared before and after a change.
     python scripts/count_step_ops.py                                  # gpu8.yaml, batch 512
     python scripts/count_step_ops.py --config experiments/cpu60.yaml --batch 128
     python scripts/count_step_ops.py --out experiments/record/benchmarks/step_ops.md --label NAME
+    python scripts/count_step_ops.py --augment grouped     # the augmentation as on a CPU
+    python scripts/count_step_ops.py --compile-model       # the network compiled, as in the fit
+
+The augmentation runs as on a GPU: every op on the whole batch, eager, or compiled where the
+config sets data.compile_augment. A compiled graph's fused loops are no aten ops: their count
+(inductor's generated kernels, about one GPU launch each) is added to the phase's aten ops.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import yaml
+from torch._inductor import metrics
 from torch.optim.swa_utils import AveragedModel
 from torch.profiler import ProfilerActivity, profile
 
@@ -36,8 +43,12 @@ from vit.train.optim import build_optimizer  # noqa: E402
 PHASES = ("augment", "forward+loss", "backward", "optimizer", "ema")
 
 
-def build(config: dict, batch: int) -> tuple:
-    """The recipe's module (eager, float32), optimizer, EMA and augmentation, and one batch."""
+def build(config: dict, batch: int, augment_way: str = "config") -> tuple:
+    """The recipe's module (eager, float32), optimizer, EMA and augmentation (with the way it
+    runs: config = compiled where data.compile_augment is set, else ungrouped), and one batch."""
+    data = config.get("data") or {}
+    if augment_way == "config":
+        augment_way = "compiled" if data.get("compile_augment") else "ungrouped"
     model_cfg = dict(config.get("model") or {})
     model_cfg["torch_compile"] = False  # eager: every op is dispatched where it can be counted
     module = ViTClassifier(**model_cfg)
@@ -52,31 +63,41 @@ def build(config: dict, batch: int) -> tuple:
     ema = EMA(**ema_args)
     # what Lightning's WeightAveraging.setup builds; the fit's updates go through the callback
     ema._average_model = AveragedModel(module, multi_avg_fn=ema._update, use_buffers=True)
-    data = config.get("data") or {}
     augment = TrainAugment(
         padding=data.get("crop_padding", 4),
         hflip=data.get("hflip", True),
         trivial=data.get("trivial_augment", False),
         rand_ops=data.get("rand_augment_ops", 0),
         rand_magnitude=data.get("rand_augment_magnitude", 9),
+        compiled=augment_way == "compiled",
     )
     generator = torch.Generator().manual_seed(0)
     side = module.model.patch_embed.img_size
     images = torch.randint(0, 256, (batch, 3, side, side), dtype=torch.uint8, generator=generator)
     labels = torch.randint(0, module.model.num_classes, (batch,), generator=generator)
-    return module, optimizer, ema, augment, images, labels
+    return module, optimizer, ema, (augment, augment_way), images, labels
 
 
-def step(parts: tuple, record: dict[str, Counter] | None) -> None:
-    """One training step; with `record`, each phase's aten ops counted into it."""
-    module, optimizer, ema, augment, images, labels = parts
+def augmented(augment: TrainAugment, way: str, images: torch.Tensor) -> torch.Tensor:
+    """The batch augmented `way` (grouped: per op on the images that drew it, as on a CPU)."""
+    gen = torch.Generator().manual_seed(1)
+    if way == "ungrouped":
+        return augment.apply(images, augment.draw(len(images), generator=gen), grouped=False)
+    return augment(images, generator=gen)  # grouped on a CPU; compiled: one graph
+
+
+def step(parts: tuple, record: dict[str, Counter], compiled: dict[str, int]) -> None:
+    """One training step, each phase's top-level aten ops counted into `record`, and the kernels
+    inductor generates for a phase into `compiled` (in the first step, where it compiles)."""
+    module, optimizer, ema, (augment, way), images, labels = parts
     smoothing = module.hparams.label_smoothing
 
     def phase(name: str, run):  # noqa: ANN001, ANN202
-        if record is None:
-            return run()
+        kernels_before = metrics.generated_kernel_count
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             out = run()
+        if made := metrics.generated_kernel_count - kernels_before:
+            compiled[name] = made  # each generated kernel runs once per call of its graph
         # top-level ops only: what the step dispatches (a foreach op counts once, as on a GPU,
         # where it is one multi-tensor kernel; on a CPU it runs per tensor underneath)
         record[name] = Counter(
@@ -85,10 +106,11 @@ def step(parts: tuple, record: dict[str, Counter] | None) -> None:
             if e.name.startswith("aten::")
             and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
         )
+        if compiled.get(name):
+            record[name]["inductor kernels"] = compiled[name]
         return out
 
-    gen = torch.Generator().manual_seed(1)
-    x = phase("augment", lambda: preprocess(augment(images, generator=gen)))
+    x = phase("augment", lambda: preprocess(augmented(augment, way, images)))
     loss = phase(
         "forward+loss",
         lambda: F.cross_entropy(module.model(x).float(), labels, label_smoothing=smoothing),
@@ -104,14 +126,31 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--out", type=Path, help="append a row to this Markdown table (and .json)")
     p.add_argument("--label", default="", help="what this row measures (e.g. the change)")
+    p.add_argument(
+        "--augment",
+        choices=("config", "ungrouped", "compiled", "grouped"),
+        default="config",
+        help="config: compiled where data.compile_augment is set, else ungrouped (as on a GPU)",
+    )
+    p.add_argument(
+        "--compile-model",
+        action="store_true",
+        help="compile the network (inductor, static shapes): its forward and backward count "
+        "their generated kernels (a GPU fit adds CUDA graphs: one replay for all of them)",
+    )
     ns = p.parse_args()
     torch.manual_seed(0)
-    parts = build(yaml.safe_load(ns.config.read_text()), ns.batch)
-    module = parts[0]
+    parts = build(yaml.safe_load(ns.config.read_text()), ns.batch, ns.augment)
+    module, way = parts[0], parts[3][1]
+    if ns.compile_model:
+        module.model.compile(dynamic=False)
+    # compiled afresh: from inductor's cache the backward's kernels would load with the forward's
+    torch._inductor.config.force_disable_caches = True
     module.train()
-    step(parts, None)  # the first step creates the optimizer's and the average's state
+    compiled: dict[str, int] = {}
+    step(parts, {}, compiled)  # creates the optimizer's and the average's state; compiles
     record: dict[str, Counter] = {}
-    step(parts, record)
+    step(parts, record, compiled)
     totals = {name: sum(record[name].values()) for name in PHASES}
     totals["step"] = sum(totals.values())
     for name in (*PHASES, "step"):
@@ -123,6 +162,8 @@ def main() -> int:
             "label": ns.label,
             "config": str(ns.config.relative_to(REPO) if ns.config.is_absolute() else ns.config),
             "batch": ns.batch,
+            "augment_way": way,
+            "compiled_model": ns.compile_model,
             "torch": torch.__version__,
             **totals,
         }
@@ -136,7 +177,10 @@ def main() -> int:
             "Command: `python scripts/count_step_ops.py --config CONFIG --batch B --out "
             f"{ns.out.relative_to(REPO) if ns.out.is_absolute() else ns.out} --label LABEL`. "
             "Top-level aten ops (a foreach op counts once); eager float32 with Muon's iterations in "
-            "bf16 as on a GPU, one step after a warm-up step; the counts do not depend on the CPU.",
+            "bf16 as on a GPU, one step after a warm-up step; the counts do not depend on the CPU. "
+            "Rows from 2026-11-28 on augment as on a GPU (every op on the whole batch; compiled: "
+            "aten ops plus inductor's generated kernels, about one launch each); earlier rows "
+            "augmented as on a CPU (each op on the images that drew it).",
             "",
             "| date | what | config | batch | " + " | ".join(PHASES) + " | step |",
             "|---|---|---|---|" + "---|" * (len(PHASES) + 1),

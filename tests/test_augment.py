@@ -499,3 +499,57 @@ def test_train_augment_takes_the_edge_settings() -> None:
     assert TrainAugment(padding=0, rand_ops=0).padding == 0
     for magnitude in (0, 30):
         assert TrainAugment(rand_ops=1, rand_magnitude=magnitude).rand_magnitude == magnitude
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(), dict(padding=0), dict(hflip=False), dict(trivial=True), dict(rand_ops=2)]
+)
+def test_train_augment_is_its_draws_then_an_apply_that_draws_nothing(kwargs: dict) -> None:
+    """forward = draw (every random choice, on the host, in forward's order) then apply (no
+    randomness of its own): apply gives forward's images for the same draws, grouped or not,
+    as often as it is called, and leaves the global RNG alone."""
+    augment, images = TrainAugment(**kwargs), _images(16, 24, 20)
+    out = augment(images, generator=torch.Generator().manual_seed(4))
+    draws = augment.draw(16, generator=torch.Generator().manual_seed(4), size=(24, 20))
+    rng = torch.get_rng_state()
+    assert torch.equal(augment.apply(images, draws), out)
+    assert torch.equal(augment.apply(images, draws, grouped=False), out)
+    assert torch.equal(augment.apply(images, draws), out)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert ("crop" in draws) == (augment.padding > 0) and ("flip" in draws) == augment.hflip
+    assert len(draws["ops"]) == (1 if augment.trivial else augment.rand_ops)
+
+
+def test_the_draws_are_windows_in_the_padding_flips_and_one_op_per_image_and_round() -> None:
+    augment = TrainAugment(padding=3, rand_ops=3)
+    draws = augment.draw(500, generator=torch.Generator().manual_seed(0))
+    crop = draws["crop"]
+    assert crop.shape == (2, 500) and set(crop.flatten().tolist()) == set(range(7))
+    assert draws["flip"].dtype == torch.bool and 0.4 < draws["flip"].float().mean() < 0.6
+    assert [tuple(m.shape) for _, m in draws["ops"]] == [(14, 500)] * 3
+    rounds = [op.tolist() for op, _ in draws["ops"]]
+    assert rounds[0] != rounds[1] != rounds[2]  # each round draws its own ops
+
+
+def test_a_compiled_train_augment_says_so() -> None:
+    assert "compiled=True" in repr(TrainAugment(compiled=True))
+    assert "compiled" not in repr(TrainAugment())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_compiled_augmentation_on_a_gpu_waits_for_nothing_and_gives_the_cpus_images() -> None:
+    """compile_augment on a GPU: once compiled, a step's augmentation (host draws, their copies,
+    one graph) queues without a host sync, and gives the CPU's eager images (a pixel may round
+    one level apart: grid_sample and the blends on the two devices)."""
+    images = _images(64)
+    compiled = TrainAugment(trivial=True, compiled=True)
+    compiled(images.cuda(), generator=torch.Generator().manual_seed(0))  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        on_gpu = compiled(images.cuda(), generator=torch.Generator().manual_seed(1))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    on_cpu = TrainAugment(trivial=True)(images, generator=torch.Generator().manual_seed(1))
+    assert (on_gpu.cpu().int() - on_cpu.int()).abs().max() <= 1
+    assert (on_gpu.cpu() == on_cpu).float().mean() > 0.999

@@ -12,7 +12,6 @@ import yaml
 from tests.helpers import REPO
 from vit.data.augment import TrainAugment
 from vit.data.datasets import preprocess
-from vit.data.trivial_augment import trivial_augment_batch
 from vit.model.config import NetworkConfig
 
 
@@ -54,24 +53,30 @@ def test_forward_and_loss_are_one_graph(network: torch.nn.Module) -> None:
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
 
 
-def test_device_augmentation_breaks_only_at_its_host_draws() -> None:
-    """The batch augmentation as on a GPU (every op on the whole batch): torch.compile splits it
-    only where it draws from the host generator (crop, flip, TrivialAugment's op, bin and sign),
-    never inside the pixel arithmetic. 4 breaks, 5 graphs: the number a draws-first rewrite would
-    bring to one graph."""
-    augment = TrainAugment(padding=4, hflip=True)
-
-    def on_device(x: torch.Tensor) -> torch.Tensor:
-        g = torch.Generator().manual_seed(0)
-        return preprocess(
-            trivial_augment_batch(augment(x, generator=g), generator=g, grouped=False)
-        )
-
-    torch._dynamo.reset()
+@pytest.mark.parametrize("kwargs", [dict(trivial=True), dict(rand_ops=2)])
+def test_the_device_augmentation_is_one_graph_once_its_draws_are_made(kwargs: dict) -> None:
+    """The batch augmentation as on a GPU (every op on the whole batch), its draws made first on
+    the host: torch.compile takes the pixel work and the normalization as one graph. (Drawn inside,
+    each draw from a generator would break it: 5 graphs for crop, flip and TrivialAugment.)"""
+    augment = TrainAugment(padding=4, hflip=True, **kwargs)
     x = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
-    explained = torch._dynamo.explain(on_device)(x)
-    assert (explained.graph_count, explained.graph_break_count) == (5, 4)
-    draws = {"random_crop", "random_hflip", "trivial_augment_batch"}
-    for reason in explained.break_reasons:
-        frame = reason.user_stack[-1]
-        assert frame.name in draws and "generator=generator" in frame.line, (frame, reason.reason)
+    draws = augment.draw(4, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(
+        lambda x, draws: preprocess(augment.apply(x, draws, grouped=False))
+    )(x, draws)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), [
+        str(b.reason) for b in explained.break_reasons
+    ]
+
+
+@pytest.mark.compiles
+def test_the_compiled_augmentation_gives_the_eager_images() -> None:
+    """compile_augment's TrainAugment (inductor, one graph) gives, draw for draw, the images of
+    the eager augmentation, pixel for pixel, on the CPU."""
+    x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    eager, compiled = TrainAugment(trivial=True), TrainAugment(trivial=True, compiled=True)
+    torch._dynamo.reset()
+    for seed in range(3):
+        out = compiled(x, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(out, eager(x, generator=torch.Generator().manual_seed(seed))), seed

@@ -285,9 +285,21 @@ def test_device_data_loader_yields_positions_only(image_tree: Path) -> None:
     assert int(batch.max()) < len(dm.train_dataset)
 
 
-def test_device_data_and_augment_in_loader_exclude_each_other(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="device_data .* augment_in_loader .* choose one"):
-        tiny_datamodule(tmp_path, device_data=True, augment_in_loader=True)
+@pytest.mark.parametrize("option", ["device_data", "compile_augment"])
+def test_augmenting_on_the_device_and_in_the_loader_exclude_each_other(
+    tmp_path: Path, option: str
+) -> None:
+    with pytest.raises(ValueError) as error:
+        tiny_datamodule(tmp_path, **{option: True}, augment_in_loader=True)
+    assert str(error.value) == (
+        f"{option} augments the training images on the device; augment_in_loader augments "
+        "them on the CPU in the loader: choose one."
+    )
+
+
+def test_compile_augment_reaches_the_training_augmentation(tmp_path: Path) -> None:
+    assert tiny_datamodule(tmp_path, compile_augment=True).train_augment.compiled
+    assert not tiny_datamodule(tmp_path).train_augment.compiled  # eager unless asked
 
 
 def test_randaugment_settings_reach_the_training_augmentation(tmp_path: Path) -> None:

@@ -45,6 +45,8 @@ def test_gpu8_keeps_the_issue_constraints() -> None:
     assert config["trainer"]["callbacks"][-1]["class_path"] == "vit.train.callbacks.TimeBudget"
     assert config["model"]["torch_compile"] is True
     assert config["model"]["compile_mode"] == "reduce-overhead"
+    # issue 48: the data on the device, the augmentation one compiled graph there
+    assert config["data"]["device_data"] is True and config["data"]["compile_augment"] is True
     assert config["model"]["optimizer"]["name"] == "muon"
     assert config["test_after_fit"] is False  # the script scores the test split once
     # issue 48: Mixup/CutMix on half the batches, off for the last part of the fit (as CCT)
@@ -72,6 +74,7 @@ def test_gpu8_runs_end_to_end_on_the_cpu(make_image_tree, tmp_path: Path, monkey
                 str(GPU8),
                 # what a CPU needs: no compiler run, float32, a short budget, small data
                 "--model.torch_compile=false",
+                "--data.compile_augment=false",
                 "--trainer.precision=32-true",
                 f"--trainer.callbacks.init_args.minutes={BUDGET_MIN}",
                 f"--data.data_dir={data}",

@@ -16,6 +16,9 @@ from vit.data.trivial_augment import (
     OPS,
     SIGNED,
     apply_op,
+    apply_ops,
+    draw_rand,
+    draw_trivial,
     magnitudes,
     rand_augment_batch,
     rand_magnitudes,
@@ -302,3 +305,46 @@ def test_to_device_moves_draws_to_a_device_other_than_cuda_as_they_are() -> None
     moved = to_device(draws, torch.device("meta"))
     assert moved.device.type == "meta" and moved.shape == (5,)
     assert to_device(draws, torch.device("cpu")) is draws
+
+
+@pytest.mark.parametrize("draw", ["trivial", "rand"])
+def test_the_drawn_magnitudes_are_each_ops_table_at_the_images_bin_and_sign(draw: str) -> None:
+    """draw_trivial and draw_rand resolve each image's bin and sign into every op's magnitude
+    (len(OPS), B): one bin and one sign per image across the ops, the table's value at that bin,
+    negated for signed ops only, 0 for ops that take none."""
+    b, g = 256, torch.Generator().manual_seed(5)
+    if draw == "trivial":
+        op_index, m = draw_trivial(b, generator=g)
+        tables = {op: magnitudes(op) for op in OPS}
+    else:
+        ((op_index, m),) = draw_rand(b, num_ops=1, magnitude=12, generator=g, size=(24, 40))
+        tables = {op: rand_magnitudes(op, height=24, width=40) for op in OPS}
+    assert m.shape == (len(OPS), b) and m.dtype == torch.float32
+    assert op_index.shape == (b,) and set(op_index.tolist()) == set(range(len(OPS)))
+    shear = tables["ShearX"]  # a signed table whose bins all differ: it names each image's bin
+    bins = (m[OPS.index("ShearX")].abs()[:, None] == shear[None, :]).int().argmax(1)
+    if draw == "rand":
+        assert set(bins.tolist()) == {12}
+    else:
+        assert len(set(bins.tolist())) > 20
+    negative = m[OPS.index("ShearX")] < 0
+    for i, op in enumerate(OPS):
+        if tables[op] is None:
+            assert torch.equal(m[i], torch.zeros(b)), op
+            continue
+        at_bin = tables[op][bins]
+        assert torch.equal(m[i], torch.where(negative, -at_bin, at_bin) if op in SIGNED else at_bin)
+    assert 0.3 < negative.float().mean() < 0.7
+
+
+def test_apply_ops_takes_the_drawn_magnitudes_grouped_or_not() -> None:
+    """apply_ops gives each image its own op at its own magnitude from the (len(OPS), B) table,
+    whichever way it runs."""
+    x = torch.randint(0, 256, (len(OPS), 3, 16, 16), dtype=torch.uint8, generator=gen(1))
+    op_index = torch.arange(len(OPS))
+    m = torch.rand(len(OPS), len(OPS), generator=gen(2)) * 0.9
+    expected = torch.stack(
+        [apply_op(op, x[i : i + 1], m[i, i : i + 1])[0] for i, op in enumerate(OPS)]
+    )
+    assert torch.equal(apply_ops(x, op_index, m, grouped=True), expected)
+    assert torch.equal(apply_ops(x, op_index, m, grouped=False), expected)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import lightning as L
@@ -73,6 +74,42 @@ def test_a_compiled_fit_meets_no_new_shape_after_it_starts(
     monkeypatch.setattr("vit.train.module.check_cpp_compiler", lambda: None)
     trainer.fit(module, datamodule=tiny_datamodule(image_tree))  # 30 images: 3 steps an epoch
     assert count.graphs[0] > 0 and count.graphs[1] == count.graphs[0]
+
+
+@pytest.mark.compiles
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_compiled_augmentation_meets_no_new_batch_size_after_the_fit_starts(
+    image_tree: Path, monkeypatch: pytest.MonkeyPatch, drop_last: bool
+) -> None:
+    """compile_augment: the augmentation's graphs (full batches, and without drop_last the last
+    partial one) are compiled at fit start, with the network eager and no compiler asked of the
+    CPU beyond dynamo (the eager backend)."""
+    from torch._dynamo.utils import counters
+
+    compile_eagerly = functools.partial(torch.compile, backend="eager")
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_eagerly(fn, **kw))
+    monkeypatch.setattr("vit.train.module.check_cpp_compiler", lambda: None)
+    graphs: list[int] = []
+
+    class Count(L.Callback):
+        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            graphs.append(counters["stats"]["unique_graphs"])
+
+        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            graphs.append(counters["stats"]["unique_graphs"])
+
+    torch._dynamo.reset()
+    counters.clear()
+    trainer = quiet_trainer(
+        None, accelerator="cpu", max_epochs=2, num_sanity_val_steps=0, callbacks=[Count()]
+    )
+    module = tiny_classifier(network={"num_classes": 3})
+    # 30 training images in batches of 8: three full batches and, without drop_last, one of 6
+    dm = tiny_datamodule(image_tree, batch_size=8, drop_last=drop_last, compile_augment=True)
+    assert module.compiles_in_fit is False  # outside a fit: no data module to ask
+    trainer.fit(module, datamodule=dm)
+    assert module.compiles_in_fit  # the budget's clock then leaves the first step's compile out
+    assert graphs[0] == (1 if drop_last else 2) and graphs[1] == graphs[0]
 
 
 def test_stage_pairs_are_the_shapes_the_curricula_make_together() -> None:

@@ -30,7 +30,7 @@ DATA=$REPO/.devdata/cifar10-jpeg.tar.gz
 COMMON=(fit -c "$REPO/experiments/gpu8.yaml" --data.data_dir "$DATA"
   --trainer.callbacks.init_args.minutes "$MINUTES" --trainer.log_every_n_steps 5)
 if [[ $MODE == --dry-run ]]; then
-  COMMON+=(--model.torch_compile false --trainer.precision 32-true --data.train_subset 2048
+  COMMON+=(--model.torch_compile false --data.compile_augment false --trainer.precision 32-true --data.train_subset 2048
     --data.val_size 500 --data.batch_size 64 --model.network.depth 2 --model.network.embed_dim 64
     --model.network.num_heads 4)
 fi

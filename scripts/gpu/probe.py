@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from count_step_ops import build  # noqa: E402
+from count_step_ops import augmented, build  # noqa: E402
 
 from vit.data.datasets import preprocess  # noqa: E402
 
@@ -58,7 +58,7 @@ def main() -> int:
         config["model"]["network"] |= {"depth": 2, "embed_dim": 64, "num_heads": 4}
     device = torch.device(ns.device)
     t_start = time.perf_counter()
-    module, optimizer, ema, augment, images, labels = build(config, batch)
+    module, optimizer, ema, (augment, way), images, labels = build(config, batch)
     module.to(device).train()
     ema._average_model.to(device)
     images, labels = images.to(device), labels.to(device)
@@ -72,11 +72,10 @@ def main() -> int:
         else contextlib.nullcontext()
     )
     smoothing = module.hparams.label_smoothing
-    gen = torch.Generator().manual_seed(1)
     x_fixed = preprocess(images)
 
     def run(part: int) -> None:
-        x = preprocess(augment(images, generator=gen)) if part == 2 else x_fixed
+        x = preprocess(augmented(augment, way, images)) if part == 2 else x_fixed
         with autocast:
             loss = F.cross_entropy(module.model(x).float(), labels, label_smoothing=smoothing)
         loss.backward()

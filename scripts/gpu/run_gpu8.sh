@@ -83,7 +83,7 @@ ARGS=(fit -c "$REPO/experiments/gpu8.yaml" --seed_everything "$SEED" --data.seed
   --data.data_dir "$DATA" --trainer.callbacks.init_args.minutes "$MINUTES")
 if [[ $MODE == --dry-run ]]; then  # a CPU: no compiler run, float32, a 6-s budget, a tiny model
   MINUTES=0.1
-  ARGS+=(--trainer.callbacks.init_args.minutes "$MINUTES" --model.torch_compile false
+  ARGS+=(--trainer.callbacks.init_args.minutes "$MINUTES" --model.torch_compile false --data.compile_augment false
     --trainer.precision 32-true --data.train_subset 2048 --data.val_size 500
     --data.batch_size 64 --data.num_workers 0 --trainer.log_every_n_steps 1 --model.network.depth 2
     --model.network.embed_dim 64 --model.network.num_heads 4)

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vit.data.trivial_augment import rand_augment_batch, to_device, trivial_augment_batch
+from vit.data.trivial_augment import (
+    apply_ops,
+    draw_rand,
+    draw_trivial,
+    to_device,
+    trivial_augment_batch,
+)
 
 
 def _check_batch(images: Tensor, *, name: str) -> None:
@@ -44,12 +52,18 @@ def random_crop(
         raise ValueError(f"random_crop padding must be >= 0, got {padding}; use 0 to disable it.")
     if padding == 0:
         return images
+    b, device = images.shape[0], _draw_device(images, generator)
+    offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator, device=device)
+    return crop_at(images, offsets, padding=padding)
+
+
+def crop_at(images: Tensor, offsets: Tensor, *, padding: int) -> Tensor:
+    """random_crop's window for drawn `offsets` (2, B): each image's top and left corner in the
+    zero-padded image, in [0, 2 * padding]. No draw: torch.compile takes it whole."""
     b, c, h, w = images.shape
     hp, wp = h + 2 * padding, w + 2 * padding
     padded = F.pad(images, (padding, padding, padding, padding))  # (B, C, Hp, Wp)
-    device = _draw_device(images, generator)
-    offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator, device=device)
-    top, left = to_device(offsets, images.device)  # (B,), (B,): window corners in [0, 2p]
+    top, left = to_device(offsets, images.device)  # (B,), (B,)
     rows = top[:, None] + torch.arange(h, device=images.device)  # (B, H)
     cols = left[:, None] + torch.arange(w, device=images.device)  # (B, W)
     # flat index of each window pixel in the (Hp * Wp) plane: one gather, cheaper on a CPU than
@@ -66,9 +80,15 @@ def random_hflip(
     _check_batch(images, name="random_hflip")
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"random_hflip p must be a probability in [0, 1], got {p}.")
-    b, c, h, w = images.shape
     device = _draw_device(images, generator)
-    flip = to_device(torch.rand(b, generator=generator, device=device), images.device) < p
+    return flip_at(images, torch.rand(images.shape[0], generator=generator, device=device) < p)
+
+
+def flip_at(images: Tensor, flip: Tensor) -> Tensor:
+    """Mirror the images where the drawn (B,) bool `flip` is True. No draw: torch.compile takes it
+    whole."""
+    b, c, h, w = images.shape
+    flip = to_device(flip, images.device)
     j = torch.arange(w, device=images.device)
     cols = torch.where(flip[:, None], w - 1 - j, j)  # (B, W): source column of each output column
     # a gather keeps it free of host syncs on GPU (unlike boolean indexing) and beats torch.where
@@ -165,7 +185,12 @@ def mix_batch(
 
 class TrainAugment(nn.Module):
     """The CIFAR-10 training augmentation: random crop with zero padding, random flip, and
-    (optional) TrivialAugment or RandAugment (`rand_ops` ops at bin `rand_magnitude`)."""
+    (optional) TrivialAugment or RandAugment (`rand_ops` ops at bin `rand_magnitude`).
+
+    `compiled`: draw on the host, then run the whole batch's pixel work (every op on every image,
+    each image keeping its own) as one torch.compile graph: a few fused kernels on a GPU instead
+    of hundreds of launches. The same images as eager (tests/test_compile.py).
+    """
 
     def __init__(
         self,
@@ -175,6 +200,7 @@ class TrainAugment(nn.Module):
         trivial: bool = False,
         rand_ops: int = 0,
         rand_magnitude: int = 9,
+        compiled: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(padding, int) or padding < 0:
@@ -198,22 +224,80 @@ class TrainAugment(nn.Module):
         self.hflip = bool(hflip)
         self.trivial = bool(trivial)
         self.rand_ops, self.rand_magnitude = rand_ops, rand_magnitude
+        self.compiled = bool(compiled)
+        self._compiled_apply: Callable[..., Tensor] | None = None  # built on first use
 
     def forward(self, images: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
         """(B, C, H, W) uint8 -> (B, C, H, W) uint8, augmented per image."""
-        images = random_crop(images, padding=self.padding, generator=generator)
+        _check_batch(images, name="TrainAugment")
+        if self.trivial and images.dtype != torch.uint8:
+            raise ValueError(f"trivial_augment expects uint8 images, got dtype {images.dtype}.")
+        device = _draw_device(images, generator)
+        b, _, h, w = images.shape
+        draws = self.draw(b, generator=generator, device=device, size=(h, w))
+        if not self.compiled:
+            return self.apply(images, draws)
+        if self._compiled_apply is None:
+            apply = functools.partial(self.apply, grouped=False)
+            self._compiled_apply = torch.compile(apply, fullgraph=True, dynamic=False)
+        # the draws' copies to the device are queued here, outside the graph
+        return self._compiled_apply(images, _draws_to(draws, images.device))
+
+    def draw(
+        self,
+        batch: int,
+        *,
+        generator: torch.Generator | None = None,
+        device: torch.device | str = "cpu",
+        size: tuple[int, int] = (32, 32),
+    ) -> dict[str, Any]:
+        """Every random choice for `batch` images of `size` (H, W), in the order forward makes
+        them: "crop" offsets (2, B), "flip" (B,) bool, and "ops", one (op index, magnitudes) pair
+        per TrivialAugment or RandAugment round. Drawn on the host, they leave `apply` free of
+        draws: torch.compile takes it as one graph (a draw from a generator breaks a graph)."""
+        draws: dict[str, Any] = {"ops": []}
+        if self.padding:
+            high = 2 * self.padding + 1
+            draws["crop"] = torch.randint(0, high, (2, batch), generator=generator, device=device)
         if self.hflip:
-            images = random_hflip(images, p=0.5, generator=generator)
+            draws["flip"] = torch.rand(batch, generator=generator, device=device) < 0.5
         if self.trivial:
-            images = trivial_augment(images, generator=generator)
+            draws["ops"] = [draw_trivial(batch, generator=generator, device=device)]
         if self.rand_ops:
-            images = rand_augment_batch(
-                images, num_ops=self.rand_ops, magnitude=self.rand_magnitude, generator=generator
+            draws["ops"] = draw_rand(
+                batch,
+                num_ops=self.rand_ops,
+                magnitude=self.rand_magnitude,
+                generator=generator,
+                device=device,
+                size=size,
             )
+        return draws
+
+    def apply(
+        self, images: Tensor, draws: dict[str, Any], *, grouped: bool | None = None
+    ) -> Tensor:
+        """The augmentation for `draws` (from `draw`): no randomness of its own. `grouped` as in
+        apply_ops (False: every op on the whole batch, one graph for torch.compile)."""
+        if "crop" in draws:
+            images = crop_at(images, draws["crop"], padding=self.padding)
+        if "flip" in draws:
+            images = flip_at(images, draws["flip"])
+        for op_index, magnitude in draws["ops"]:
+            images = apply_ops(images, op_index, magnitude, grouped=grouped)
         return images
 
     def extra_repr(self) -> str:
         rand = f", rand_ops={self.rand_ops}, rand_magnitude={self.rand_magnitude}"
-        return f"padding={self.padding}, hflip={self.hflip}, trivial={self.trivial}" + (
-            rand if self.rand_ops else ""
+        return (
+            f"padding={self.padding}, hflip={self.hflip}, trivial={self.trivial}"
+            + (rand if self.rand_ops else "")
+            + (", compiled=True" if self.compiled else "")
         )
+
+
+def _draws_to(draws: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """TrainAugment's draws onto `device` (to_device: queued, without waiting for the GPU)."""
+    moved = {k: to_device(v, device) for k, v in draws.items() if k != "ops"}
+    moved["ops"] = [(to_device(i, device), to_device(m, device)) for i, m in draws["ops"]]
+    return moved

@@ -14,6 +14,8 @@ experiments/record/benchmarks/NOTES.md and the GPU runs of experiments/record/RE
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -43,6 +45,8 @@ def to_device(draws: Tensor, device: torch.device) -> Tensor:
     waiting: a copy from pageable memory blocks the host until the GPU's queue has drained."""
     if draws.device == device:
         return draws
+    if torch.compiler.is_compiling():  # inside a graph the copy is the graph's own
+        return draws.to(device)
     if device.type == "cuda" and draws.device.type == "cpu":
         return draws.pin_memory().to(device, non_blocking=True)
     return draws.to(device)
@@ -208,13 +212,11 @@ def trivial_augment_batch(
     `grouped` (the default on a CPU) runs each op on only the images that drew it; ungrouped (the
     default elsewhere) runs every op on the whole batch and keeps each image's own result. The
     two give the same images."""
-    b = images.shape[0]
     device = generator.device if generator is not None else images.device
-    op_index = torch.randint(0, len(OPS), (b,), generator=generator, device=device)
-    bins = torch.randint(0, num_bins, (b,), generator=generator, device=device)
-    negative = torch.rand(b, generator=generator, device=device) <= 0.5
-    tables = {op: magnitudes(op, num_bins) for op in OPS}
-    return _apply_drawn(images, op_index, bins, negative, tables, grouped=grouped)
+    op_index, magnitude = draw_trivial(
+        images.shape[0], generator=generator, device=device, num_bins=num_bins
+    )
+    return apply_ops(images, op_index, magnitude, grouped=grouped)
 
 
 def rand_augment_batch(
@@ -228,6 +230,48 @@ def rand_augment_batch(
 ) -> Tensor:
     """RandAugment: `num_ops` rounds, each drawing an op and a sign per image, all ops at the one
     `magnitude` bin; each round runs batched as trivial_augment_batch does."""
+    device = generator.device if generator is not None else images.device
+    rounds = draw_rand(
+        images.shape[0],
+        num_ops=num_ops,
+        magnitude=magnitude,
+        generator=generator,
+        device=device,
+        num_bins=num_bins,
+        size=images.shape[-2:],
+    )
+    for op_index, magnitudes_drawn in rounds:
+        images = apply_ops(images, op_index, magnitudes_drawn, grouped=grouped)
+    return images
+
+
+def draw_trivial(
+    batch: int,
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    num_bins: int = 31,
+) -> tuple[Tensor, Tensor]:
+    """TrivialAugment's draws for `batch` images, in its order (op, bin, sign): each image's op
+    index (B,) and every op's signed magnitude for it (len(OPS), B), for apply_ops."""
+    op_index = torch.randint(0, len(OPS), (batch,), generator=generator, device=device)
+    bins = torch.randint(0, num_bins, (batch,), generator=generator, device=device)
+    negative = torch.rand(batch, generator=generator, device=device) <= 0.5
+    return op_index, _signed_magnitudes(bins, negative, _table("trivial", num_bins))
+
+
+def draw_rand(
+    batch: int,
+    *,
+    num_ops: int = 2,
+    magnitude: int = 9,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+    num_bins: int = 31,
+    size: tuple[int, int] = (32, 32),
+) -> list[tuple[Tensor, Tensor]]:
+    """RandAugment's draws for `batch` images of `size` (H, W): per round, each image's op index
+    and every op's signed magnitude at the one bin (draw_trivial's layout)."""
     if not isinstance(num_ops, int) or num_ops < 0:
         raise ValueError(f"RandAugment num_ops must be an int >= 0, got {num_ops!r} (e.g. 2).")
     if not isinstance(magnitude, int) or not 0 <= magnitude < num_bins:
@@ -235,66 +279,64 @@ def rand_augment_batch(
             f"RandAugment magnitude must be an int bin in [0, {num_bins - 1}], got {magnitude!r} "
             "(e.g. 9, as timm's rand-m9)."
         )
-    b, h, w = images.shape[0], *images.shape[-2:]
-    device = generator.device if generator is not None else images.device
-    tables = {op: rand_magnitudes(op, num_bins, height=h, width=w) for op in OPS}
-    bins = torch.full((b,), magnitude, device=device)
+    table = _table("rand", num_bins, *size)
+    bins = torch.full((batch,), magnitude, device=device)
+    rounds = []
     for _ in range(num_ops):
-        op_index = torch.randint(0, len(OPS), (b,), generator=generator, device=device)
-        negative = torch.rand(b, generator=generator, device=device) <= 0.5
-        images = _apply_drawn(images, op_index, bins, negative, tables, grouped=grouped)
-    return images
+        op_index = torch.randint(0, len(OPS), (batch,), generator=generator, device=device)
+        negative = torch.rand(batch, generator=generator, device=device) <= 0.5
+        rounds.append((op_index, _signed_magnitudes(bins, negative, table)))
+    return rounds
 
 
-def _apply_drawn(
-    images: Tensor,
-    op_index: Tensor,
-    bins: Tensor,
-    negative: Tensor,
-    tables: dict[str, Tensor | None],
-    *,
-    grouped: bool | None,
+@functools.lru_cache(maxsize=16)
+def _table(policy: str, num_bins: int, height: int = 32, width: int = 32) -> Tensor:
+    """(len(OPS), num_bins): TrivialAugment's ("trivial") or RandAugment's ("rand") magnitude of
+    each op at each bin, 0 for ops that take none. Cached: every batch's draws read it."""
+    rows = [
+        magnitudes(op, num_bins)
+        if policy == "trivial"
+        else rand_magnitudes(op, num_bins, height=height, width=width)
+        for op in OPS
+    ]
+    return torch.stack([torch.zeros(num_bins) if r is None else r for r in rows])
+
+
+def _signed_magnitudes(bins: Tensor, negative: Tensor, table: Tensor) -> Tensor:
+    """(len(OPS), B): each op's magnitude at each image's bin, negated where the image drew a
+    minus sign (signed ops only). A few ops for the whole table."""
+    m = table.to(bins.device)[:, bins]
+    signed = torch.tensor([op in SIGNED for op in OPS], device=bins.device)
+    return torch.where(signed[:, None] & negative, -m, m)
+
+
+def apply_ops(
+    images: Tensor, op_index: Tensor, magnitude: Tensor, *, grouped: bool | None = None
 ) -> Tensor:
-    """Each image's drawn op at its bin's magnitude from `tables`, negated where drawn so."""
+    """Each image's drawn op (op_index, (B,)) at its magnitude (magnitude[op], (len(OPS), B)), as
+    draw_trivial and draw_rand give them. `grouped` (default: on a CPU) runs each op on only the
+    images that drew it; ungrouped runs every op on the whole batch, with no host sync, and
+    torch.compile takes it whole."""
     if grouped is None:
         grouped = images.device.type == "cpu"
     if not grouped:
-        draws = to_device(torch.stack([op_index, bins, negative.long()]), images.device)
-        return _ungrouped(images, *draws, tables=tables)
-    op_index, bins, negative = op_index.cpu(), bins.cpu(), negative.cpu()
+        return _ungrouped(images, op_index, magnitude)
+    op_index, magnitude = op_index.cpu(), magnitude.cpu()
     out = images.clone()
     for i, op in enumerate(OPS):
         chosen = (op_index == i).nonzero().flatten()
         if op == "Identity" or len(chosen) == 0:
             continue
-        table = tables[op]
-        m = torch.zeros(len(chosen)) if table is None else table[bins[chosen]]
-        if op in SIGNED:
-            m = torch.where(negative[chosen], -m, m)
         idx = chosen.to(images.device)
-        out[idx] = apply_op(op, images[idx], m.to(images.device))
+        out[idx] = apply_op(op, images[idx], magnitude[i, chosen].to(images.device))
     return out
 
 
-def _ungrouped(
-    images: Tensor,
-    op_index: Tensor,
-    bins: Tensor,
-    negative: Tensor,
-    *,
-    tables: dict[str, Tensor | None],
-) -> Tensor:
-    """Every op on the whole batch; each image keeps its own op's result (draws on its device)."""
+def _ungrouped(images: Tensor, op_index: Tensor, magnitude: Tensor) -> Tensor:
+    """Every op on the whole batch; each image keeps its own op's result."""
+    op_index, magnitude = to_device(op_index, images.device), to_device(magnitude, images.device)
     out = images
     for i, op in enumerate(OPS):
-        if op == "Identity":
-            continue
-        table = tables[op]
-        if table is None:
-            m = torch.zeros(len(images), device=images.device)
-        else:
-            m = to_device(table, images.device)[bins]
-        if op in SIGNED:
-            m = torch.where(negative.bool(), -m, m)
-        out = torch.where(_per_image(op_index == i), apply_op(op, images, m), out)
+        if op != "Identity":
+            out = torch.where(_per_image(op_index == i), apply_op(op, images, magnitude[i]), out)
     return out

@@ -83,6 +83,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         device_data: keep the training split on the training device as uint8 and gather each
             batch there: the loader yields positions only (for a GPU; not with augment_in_loader).
         drop_last: drop each epoch's last partial batch, so every step sees batch_size images.
+        compile_augment: run the training augmentation on the device as one compiled graph,
+            its draws made on the host (for a GPU; not with augment_in_loader).
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         augment_in_loader: bool = False,
         device_data: bool = False,
         drop_last: bool = True,
+        compile_augment: bool = False,
     ) -> None:
         super().__init__()
         if source not in ("auto", "folder", "cifar10"):
@@ -124,11 +127,12 @@ class CIFAR10DataModule(L.LightningDataModule):
         _check_int("crop_padding", crop_padding, minimum=0)
         _check_int("eval_batch_size", eval_batch_size, minimum=1, optional=True)
         _check_int("train_subset", train_subset, minimum=1, optional=True)
-        if device_data and augment_in_loader:
-            raise ValueError(
-                "device_data keeps the training images on the device and augments them there; "
-                "augment_in_loader augments them on the CPU in the loader: choose one."
-            )
+        for name, on in (("device_data", device_data), ("compile_augment", compile_augment)):
+            if on and augment_in_loader:
+                raise ValueError(
+                    f"{name} augments the training images on the device; augment_in_loader "
+                    "augments them on the CPU in the loader: choose one."
+                )
         self.save_hyperparameters()
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.train_augment = TrainAugment(
@@ -137,6 +141,7 @@ class CIFAR10DataModule(L.LightningDataModule):
             trivial=trivial_augment,
             rand_ops=rand_augment_ops,
             rand_magnitude=rand_augment_magnitude,
+            compiled=compile_augment,
         )
         self.train_dataset: TensorImageDataset | None = None
         self.val_dataset: TensorImageDataset | None = None

@@ -30,7 +30,7 @@ from vit.train.finetune import start_from_weights
 from vit.train.optim import OptimizerConfig, build_optimizer, check_resume_layout
 from vit.train.resume import restore_rng_and_loss, save_rng_and_loss
 from vit.train.schedule import ScheduleConfig, lr_scheduler
-from vit.train.warmup import compile_for_fit
+from vit.train.warmup import compile_augment_for_fit, compile_for_fit
 
 Stage = Literal["train", "val", "test"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -155,8 +155,10 @@ class ViTClassifier(L.LightningModule):
 
     @property
     def compiles_in_fit(self) -> bool:
-        """Whether on_fit_start compiles the network (its first steps then include compiling)."""
-        return bool(self.hparams.torch_compile)
+        """Whether on_fit_start compiles the network or the augmentation (its first steps then
+        include compiling)."""
+        augment = getattr(getattr(self._trainer, "datamodule", None), "train_augment", None)
+        return bool(self.hparams.torch_compile or getattr(augment, "compiled", False))
 
     def schedule_on(self, progress: Callable[[], float] | None) -> None:
         """Run the learning-rate schedule on `progress()`, the fraction of training done in [0, 1]
@@ -219,11 +221,12 @@ class ViTClassifier(L.LightningModule):
         checkpoint for evaluation stays eager. Static shapes: each image size of a resolution
         curriculum, and each batch size, compiles once."""
         start_from_weights(self)  # init_from, before any compile
+        if self.compiles_in_fit and self.device.type == "cpu":
+            check_cpp_compiler()
         if self.hparams.torch_compile:
-            if self.device.type == "cpu":
-                check_cpp_compiler()
             self.model.compile(dynamic=False, mode=self.hparams.compile_mode)
             compile_for_fit(self, sides=self._planned_sides, drop_rates=self._planned_drops)
+        compile_augment_for_fit(self)
 
     def _shared_step(self, batch: tuple[Tensor, Tensor], stage: Stage) -> Tensor:
         images, labels = batch

@@ -47,6 +47,23 @@ def compile_for_fit(
     )
 
 
+def compile_augment_for_fit(module: L.LightningModule) -> int:
+    """Compile the data module's compiled augmentation (compile_augment) for each training batch
+    size, before the budget's clock: full batches and, without drop_last, the last partial one.
+    Its draws come from a generator of its own: the fit's draws are as without it. Returns how
+    many sizes ran."""
+    dm = getattr(module._trainer, "datamodule", None)
+    augment, data = getattr(dm, "train_augment", None), getattr(dm, "train_dataset", None)
+    if not getattr(augment, "compiled", False) or data is None or len(data) == 0:
+        return 0
+    size = dm.hparams.batch_size
+    sizes = {min(size, len(data))} | ({len(data) % size} if not dm.hparams.drop_last else set())
+    images = data.images[:1].to(module.device)  # (1, C, H, W) uint8
+    for b in sorted(s for s in sizes if s):
+        augment(images.expand(b, -1, -1, -1).contiguous(), generator=torch.Generator())
+    return len(sizes - {0})
+
+
 def compile_planned_shapes(
     model: nn.Module,
     *,
