@@ -421,8 +421,23 @@ def test_muon_refuses_fsdp_which_shards_its_matrices() -> None:
 
     module = tiny_classifier(optimizer={"name": "muon"})
     module._trainer = SimpleNamespace(strategy=FSDPStrategy(), max_epochs=1)
-    with pytest.raises(ValueError, match="FSDP shards them.*strategy ddp"):
+    with pytest.raises(ValueError) as error:
         module.configure_optimizers()
+    assert str(error.value) == (
+        "optimizer.name: muon orthogonalises whole weight matrices, and FSDP shards them "
+        "across devices: use strategy ddp (each device holds every matrix) or "
+        "optimizer.name: adamw."
+    )
+
+
+def test_adamw_takes_the_configured_betas() -> None:
+    from vit.train.optim import build_optimizer
+
+    model = nn.Linear(3, 2)
+    opt = build_optimizer(model, OptimizerConfig(name="adamw", lr=0.01, betas=(0.8, 0.95)))
+    assert isinstance(opt, torch.optim.AdamW)
+    assert {g["betas"] for g in opt.param_groups} == {(0.8, 0.95)}
+    assert {g["lr"] for g in opt.param_groups} == {0.01}
 
 
 def test_iterations_run_in_bf16_only_where_bf16_is_fast(monkeypatch) -> None:

@@ -88,3 +88,79 @@ def test_lr_scheduler_on_a_budget_follows_the_fraction_used() -> None:
     assert seen[1.0] == pytest.approx(0.0, abs=1e-5)
     with pytest.raises(ValueError, match="set model.schedule.warmup_fraction"):
         lr_scheduler(opt, ScheduleConfig(), lr=1.0, total_steps=1, epochs=1, progress=lambda: 0.0)
+
+
+def _lr_at(config: ScheduleConfig, fraction: float, *, lr: float = 1.0) -> float:
+    """The learning rate a budget's schedule gives once `fraction` of the time is used."""
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    used = [0.0]
+    sched = lr_scheduler(opt, config, lr=lr, total_steps=1, epochs=1, progress=lambda: used[0])
+    used[0] = fraction
+    sched.step()
+    return opt.param_groups[0]["lr"]
+
+
+def test_a_budget_refuses_warmup_epochs_word_for_word_and_takes_none() -> None:
+    with pytest.raises(ValueError) as error:
+        _lr_at(ScheduleConfig(warmup_epochs=0.5), 0.0)
+    assert str(error.value) == (
+        "with a wall-clock budget (vit.train.callbacks.TimeBudget) the number of epochs is not "
+        "known in advance: set model.schedule.warmup_fraction (e.g. 0.05 of the budget) "
+        "and model.schedule.warmup_epochs: 0."
+    )
+    # no warm-up at all is fine: the schedule starts at the peak
+    assert _lr_at(ScheduleConfig(warmup_epochs=0.0), 0.0) == pytest.approx(1.0)
+
+
+def test_a_budget_decays_to_min_lr() -> None:
+    config = ScheduleConfig(warmup_fraction=0.1, warmup_epochs=0.0, min_lr=0.02)
+    assert _lr_at(config, 1.0, lr=0.2) == pytest.approx(0.02)
+    assert _lr_at(config, 0.55, lr=0.2) == pytest.approx(0.11)  # half-way down the cosine
+
+
+def test_a_budgets_warmup_always_leaves_its_last_step_to_decay() -> None:
+    """A warm-up fraction that rounds to the whole table (FINE steps) is cut one step short:
+    the peak is reached one step before the end, and the end is the floor."""
+    config = ScheduleConfig(warmup_fraction=0.9999996, warmup_epochs=0.0)
+    assert _lr_at(config, 1.0 - 1e-6) == pytest.approx(1.0)
+    assert _lr_at(config, 1.0) == pytest.approx(0.0)
+
+
+def test_a_warmup_as_long_as_training_is_halved_with_a_warning_that_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    with caplog.at_level("WARNING", logger="vit.train.schedule"):
+        lr_scheduler(opt, ScheduleConfig(warmup_epochs=3.0), lr=1.0, total_steps=10, epochs=2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the warm-up (15 steps) is not shorter than training (10 steps): warming up for 5 "
+        "so that the learning rate still decays; lower model.schedule.warmup_epochs or "
+        "raise trainer.max_epochs"
+    ]
+
+
+def test_warmup_cosine_decays_to_zero_unless_told_a_floor() -> None:
+    assert WarmupCosine(total_steps=10, warmup_steps=0)(10) == 0.0
+    assert WarmupCosine(total_steps=10, warmup_steps=0, min_ratio=0.1)(10) == pytest.approx(0.1)
+
+
+def test_lr_scheduler_on_steps_takes_the_configured_decay() -> None:
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    config = ScheduleConfig(warmup_fraction=0.0, warmup_epochs=0.0, decay="linear")
+    sched = lr_scheduler(opt, config, lr=1.0, total_steps=10, epochs=1)
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.7)  # a cosine: 0.794 here
+
+
+def test_a_halved_warmup_is_a_whole_number_of_steps() -> None:
+    """11 steps with a warm-up at least as long: 5 steps of warm-up, the peak at the sixth."""
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = lr_scheduler(opt, ScheduleConfig(warmup_epochs=3.0), lr=1.0, total_steps=11, epochs=2)
+    lrs = []
+    for _ in range(11):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:6] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.0])
