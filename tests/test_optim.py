@@ -521,3 +521,16 @@ def test_a_resume_layout_mismatch_names_both_layouts_and_the_flags() -> None:
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         check_resume_layout({"name": "muon", "muon": {"split_qkv": True}}, OptimizerConfig())
+
+
+def test_param_groups_take_any_module_and_skip_only_the_frozen_parameters() -> None:
+    """A module without no_weight_decay() is grouped too; a frozen parameter is left out and the
+    ones after it are not."""
+    from vit.train.optim import param_groups
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 2))
+    model[0].weight.requires_grad_(False)
+    decay, no_decay = param_groups(model, weight_decay=0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert [tuple(p.shape) for p in decay["params"]] == [(2, 4)]
+    assert [tuple(p.shape) for p in no_decay["params"]] == [(4,), (4,), (4,), (2,)]
