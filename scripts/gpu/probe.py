@@ -11,6 +11,8 @@ runs for a share of `--seconds` after a warm-up, timed with a device sync at its
   + optimizer           the same plus the optimizer's step (Muon + AdamW)
   + augment + EMA       the whole step as the fit runs it: batch augmentation on the device,
                         normalisation, and the weight average's update
+  (eager augment)       the same with the augmentation eager, where the recipe compiles it
+                        (data.compile_augment): what compiling it gains
 The parts come from scripts/count_step_ops.py (its `build`), so the two measure one step.
 """
 
@@ -35,7 +37,7 @@ from count_step_ops import augmented, build  # noqa: E402
 
 from vit.data.datasets import preprocess  # noqa: E402
 
-PARTS = ("forward+backward", "+ optimizer", "+ augment + EMA")
+PARTS = ("forward+backward", "+ optimizer", "+ augment + EMA", "(eager augment)")
 
 
 def sync(device: torch.device) -> None:
@@ -74,27 +76,31 @@ def main() -> int:
     smoothing = module.hparams.label_smoothing
     x_fixed = preprocess(images)
 
+    parts = PARTS if way == "compiled" else PARTS[:3]
+
     def run(part: int) -> None:
-        x = preprocess(augmented(augment, way, images)) if part == 2 else x_fixed
+        x = x_fixed
+        if part >= 2:
+            x = preprocess(augmented(augment, way if part == 2 else "ungrouped", images))
         with autocast:
             loss = F.cross_entropy(module.model(x).float(), labels, label_smoothing=smoothing)
         loss.backward()
         if part >= 1:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if part == 2:
+        if part >= 2:
             ema.update_average(module)
 
     results: dict = {"config": str(ns.config.name), "batch": batch, "device": str(device)}
     if device.type == "cuda":
         results["card"] = torch.cuda.get_device_name(device)
-    for part in range(3):  # the first step of each part compiles or creates optimizer state
+    for part in range(len(parts)):  # each part's first step compiles or creates state
         run(part)
         run(part)
     sync(device)
     results["warm_up_s"] = round(time.perf_counter() - t_start, 1)
-    share = max(0.5, (ns.seconds - results["warm_up_s"]) / len(PARTS))
-    for part, name in enumerate(PARTS):
+    share = max(0.5, (ns.seconds - results["warm_up_s"]) / len(parts))
+    for part, name in enumerate(parts):
         steps, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < share:
             for _ in range(10):  # a sync only every 10 steps: the queue stays full
