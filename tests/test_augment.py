@@ -553,3 +553,47 @@ def test_the_compiled_augmentation_on_a_gpu_waits_for_nothing_and_gives_the_cpus
     on_cpu = TrainAugment(trivial=True)(images, generator=torch.Generator().manual_seed(1))
     assert (on_gpu.cpu().int() - on_cpu.int()).abs().max() <= 1
     assert (on_gpu.cpu() == on_cpu).float().mean() > 0.999
+
+
+def test_a_compiled_train_augment_compiles_apply_once_whole_and_static(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """compiled=True: apply is compiled once (fullgraph, static shapes, every op on the whole
+    batch: no host sync inside), fed draws already on the images' device, and gives the eager
+    images. torch.compile is stood in for here; tests/test_compile.py runs the real one."""
+    import vit.data.augment as augment_module
+
+    calls: list[dict] = []
+
+    def fake_compile(fn, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(kwargs | {"grouped": fn.keywords["grouped"]})
+
+        def run(images: torch.Tensor, draws: dict) -> torch.Tensor:
+            tensors = [draws[k] for k in draws if k != "ops"] + [t for r in draws["ops"] for t in r]
+            assert {t.device for t in tensors} == {images.device}
+            return fn(images, draws)
+
+        return run
+
+    monkeypatch.setattr(augment_module.torch, "compile", fake_compile)
+    compiled, eager = TrainAugment(trivial=True, compiled=True), TrainAugment(trivial=True)
+    images = _images(16)
+    for seed in (1, 2):
+        out = compiled(images, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(out, eager(images, generator=torch.Generator().manual_seed(seed)))
+    assert calls == [{"fullgraph": True, "dynamic": False, "grouped": False}]
+
+
+def test_draws_go_to_a_device_whole() -> None:
+    """_draws_to moves every draw, each round's op indices and magnitudes included."""
+    from vit.data.augment import _draws_to
+
+    augment = TrainAugment(rand_ops=2)
+    draws = augment.draw(4, generator=torch.Generator().manual_seed(0))
+    moved = _draws_to(draws, torch.device("meta"))
+    assert moved.keys() == draws.keys() and len(moved["ops"]) == 2
+    for key in ("crop", "flip"):
+        assert moved[key].device.type == "meta" and moved[key].shape == draws[key].shape
+    for (op, m), (op0, m0) in zip(moved["ops"], draws["ops"], strict=True):
+        assert (op.device.type, m.device.type) == ("meta", "meta")
+        assert (op.shape, m.shape, m.dtype) == (op0.shape, m0.shape, m0.dtype)
