@@ -1,4 +1,4 @@
-"""Attention math against the tutorials' worked numbers and torch.nn.MultiheadAttention."""
+"""Attention math against the tutorials' worked numbers and torch.nn.MultiheadAttention; DropPath."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from vit.model.attention import (
     mask_and_renormalize,
     scaled_dot_product_attention,
 )
+from vit.model.block import Block, DropPath, Mlp
 
 
 def test_softmax_worked_example() -> None:
@@ -106,6 +107,26 @@ def test_forward_with_weights_drops_weights_as_forward_does() -> None:
     assert torch.allclose(attn.forward_with_weights(x)[0], clean, atol=1e-6)  # evaluation: none
 
 
+def test_fused_kernel_drops_attention_weights_in_training_only() -> None:
+    """attn_drop holds on the fused kernel as on the explicit one. In training every sample draws
+    its own dropout (inverted: kept weights / (1 - p)), so the draws differ from the undropped
+    output yet average to it within 5 standard errors; in evaluation nothing is dropped, so the
+    fused output is the explicit kernel's."""
+    torch.manual_seed(0)
+    fused = Attention(8, num_heads=2, attn_drop=0.5, kernel="fused")
+    explicit = Attention(8, num_heads=2, attn_drop=0.5, kernel="explicit").eval()
+    explicit.load_state_dict(fused.state_dict())
+    x = torch.randn(1, 5, 8)
+    clean = explicit(x)[0]  # (N, C): no dropout in evaluation
+    fused.eval()
+    assert torch.allclose(fused(x)[0], clean, atol=1e-6)
+    fused.train()
+    draws = fused(x.expand(4000, 5, 8))  # 4000 copies of one sample, each with its own dropout
+    assert not torch.allclose(draws, clean.expand_as(draws), atol=1e-2)
+    stderr = draws.std(dim=0) / len(draws) ** 0.5
+    assert ((draws.mean(dim=0) - clean).abs() <= 5 * stderr).all()
+
+
 def test_causal_mask_is_made_on_the_given_device() -> None:
     assert torch.equal(causal_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]).bool())
     assert causal_mask(3, device="meta").device.type == "meta"  # meta stands in for a GPU
@@ -185,6 +206,20 @@ def test_each_kernel_in_bf16_is_within_rounding_of_float64() -> None:
     assert unscaled > 10 * bound, (unscaled.item(), bound.item())
 
 
+@torch.no_grad()
+def test_attention_defaults_are_eight_heads_with_bias_and_no_dropout() -> None:
+    """Attention(dim) by default: 8 heads, a qkv bias, kernel "auto", no LSA, and no dropout on
+    the weights or the output even in training: it is the float64 reference's softmax attention."""
+    torch.manual_seed(0)
+    attn = Attention(16)  # training mode
+    assert attn.num_heads == 8 and attn.head_dim == 2 and attn.kernel == "auto"
+    assert attn.qkv.bias is not None and not hasattr(attn, "temperature")
+    x = torch.randn(2, 5, 16)
+    reference = _attention_float64(attn, x)
+    assert torch.allclose(attn(x).double(), reference, atol=1e-5)
+    assert torch.allclose(attn.forward_with_weights(x)[0].double(), reference, atol=1e-5)
+
+
 def test_kernel_choice_is_explicit_and_validated() -> None:
     assert default_kernel(torch.device("cpu"), torch.bfloat16) == "explicit"
     assert default_kernel(torch.device("cpu"), torch.float32) == "fused"
@@ -223,6 +258,15 @@ def test_num_queries_gives_the_first_rows_of_the_full_output(kernel: str, masked
         rows = attn(x, mask=mask, num_queries=q)
         assert rows.shape == (2, q, 16)
         assert torch.allclose(rows, full[:, :q], atol=1e-6)
+
+
+def test_num_queries_without_qkv_bias_gives_the_first_rows() -> None:
+    """Without a qkv bias the split projection (queries for the first tokens, keys and values for
+    all) still gives the full output's first rows."""
+    torch.manual_seed(0)
+    attn = Attention(16, num_heads=4, qkv_bias=False).eval()
+    x = torch.randn(2, 7, 16)
+    assert torch.allclose(attn(x, num_queries=3), attn(x)[:, :3], atol=1e-6)
 
 
 @pytest.mark.parametrize("lead", [(), (2,), (2, 3)], ids=["2d", "3d", "4d"])
@@ -281,10 +325,71 @@ def test_lsa_combines_with_a_given_mask_on_both_kernels(kernel: str, mask: str |
     assert torch.allclose(rows, full[:, :3], atol=1e-6)
 
 
+def test_lsa_builds_its_diagonal_mask_on_the_inputs_device() -> None:
+    """The fused kernel needs LSA's no-self mask on q's device; meta stands in for a GPU (a mask
+    made on the CPU is refused there, as on CUDA)."""
+    attn = Attention(8, num_heads=2, kernel="fused", lsa=True).to("meta")
+    out = attn(torch.randn(2, 4, 8, device="meta"))
+    assert out.device.type == "meta" and out.shape == (2, 4, 8)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_lsa_takes_a_per_sample_mask_with_leading_dims(kind: str) -> None:
+    """A (B, 1, N, N) mask, one per sample, combines with LSA's diagonal as a 2-D one does: each
+    sample's rows equal that sample run alone with its own (N, N) mask, on both kernels."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 8)
+    allow = torch.ones(2, 6, 6, dtype=torch.bool)
+    allow[0, :, 5:] = False  # sample 0: key 5 is padding
+    allow[1, :, 4:] = False  # sample 1: keys 4 and 5 are padding
+    masks = allow if kind == "bool" else torch.zeros(2, 6, 6).masked_fill(~allow, float("-inf"))
+    for kernel in ("explicit", "fused"):
+        attn = Attention(8, num_heads=2, kernel=kernel, lsa=True).eval()
+        out = attn(x, mask=masks[:, None])  # (B, 1, N, N): broadcast over the heads
+        for i in range(2):
+            alone = attn(x[i : i + 1], mask=masks[i])
+            assert torch.allclose(out[i : i + 1], alone, atol=1e-6), (kernel, i)
+
+
+def test_lsa_without_qkv_bias_scales_only_the_query_weights() -> None:
+    """With qkv_bias=False the temperature scales the query rows of the weight alone: scores are
+    softmax(tau_h q k^T / sqrt(d_k)) from the bias-free projections, by hand."""
+    torch.manual_seed(0)
+    attn = Attention(8, num_heads=2, qkv_bias=False, kernel="explicit", lsa=True).eval()
+    with torch.no_grad():
+        attn.temperature.copy_(torch.tensor([2.0, 0.5]))
+    x = torch.randn(1, 4, 8)
+    _, weights = attn.forward_with_weights(x)
+    q, k, _ = (x @ attn.qkv.weight.T).reshape(1, 4, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    scores = q @ k.transpose(-2, -1) / 4**0.5 * torch.tensor([2.0, 0.5])[:, None, None]
+    by_hand = scores.masked_fill(torch.eye(4, dtype=torch.bool), float("-inf")).softmax(-1)
+    assert torch.allclose(weights, by_hand, atol=1e-6)
+
+
 def test_lsa_refuses_a_mask_that_leaves_a_token_nothing() -> None:
     attn = Attention(8, num_heads=2, lsa=True)
     with pytest.raises(ValueError, match="causal mask"):  # token 0 may see only itself
         attn(torch.randn(1, 4, 8), mask=causal_mask(4))
+
+
+LSA_EMPTY_ROW = (
+    "with lsa=True each token's own key is masked, and the given mask leaves some tokens no other "
+    "key (a causal mask does that to the first token): the softmax would be 0/0. Use lsa=False "
+    "with causal masks, or allow every query another key."
+)
+
+
+@pytest.mark.parametrize("kernel", ["explicit", "fused"])
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_lsa_refusal_of_an_empty_row_says_why_and_what_to_do(kernel: str, kind: str) -> None:
+    """A causal mask leaves token 0 only its own key, which LSA masks: refused word for word, for
+    boolean and additive masks alike, though every other row still has keys."""
+    attn = Attention(8, num_heads=2, kernel=kernel, lsa=True)
+    causal = causal_mask(4)
+    mask = causal if kind == "bool" else torch.zeros(4, 4).masked_fill(~causal, float("-inf"))
+    with pytest.raises(ValueError) as caught:
+        attn(torch.randn(1, 4, 8), mask=mask)
+    assert str(caught.value) == LSA_EMPTY_ROW
 
 
 def test_mimetic_init_writes_identity_structure_into_attention() -> None:
@@ -320,3 +425,97 @@ def test_mimetic_init_follows_the_generator_and_its_scales() -> None:
     qk, vo = head_products(b)  # no noise: a projection on head_dim directions, and -I
     assert torch.allclose(vo, -torch.eye(64), atol=1e-5)
     assert torch.allclose(qk[0] @ qk[0], qk[0], atol=1e-5)  # idempotent: a projection
+
+
+# --- vit/model/block.py: DropPath (stochastic depth), Mlp and Block -------------------------
+
+
+def test_drop_path_drops_whole_samples_and_rescales_the_kept_ones() -> None:
+    """Stochastic depth drops a residual branch per sample: each sample's output is either all
+    zeros or its input / (1 - drop_prob), so the branch keeps its expected value."""
+    torch.manual_seed(0)
+    drop = DropPath(0.25)  # keep = 0.75
+    x = torch.rand(64, 3, 5) + 1.0  # (B, N, C), no zero entries; B != N
+    out = drop(x)
+    assert out.shape == x.shape
+    dropped = (out == 0).flatten(1).all(dim=1)  # (B,)
+    kept = torch.isclose(out, x / 0.75).flatten(1).all(dim=1)
+    assert (dropped ^ kept).all()  # one or the other, for the whole sample
+    assert 0 < dropped.sum() < 64
+
+
+def test_drop_path_is_a_no_op_in_eval_and_at_rate_zero() -> None:
+    """In evaluation, or at drop_prob 0, DropPath returns its input itself and draws nothing from
+    the random stream, so a rate of 0 leaves a run's random numbers as they were."""
+    x = torch.randn(4, 3, 5)
+    state = torch.get_rng_state()
+    assert DropPath(0.0)(x) is x  # training mode, rate 0
+    assert DropPath()(x) is x  # the default rate is 0
+    assert DropPath(0.5).eval()(x) is x
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_mlp_is_fc2_of_gelu_of_fc1_with_no_dropout_by_default() -> None:
+    """Mlp's default drop is 0: even in training it is exactly fc2(GELU(fc1(x)))."""
+    torch.manual_seed(0)
+    mlp = Mlp(6, hidden_dim=12)  # training mode
+    x = torch.randn(2, 3, 6)
+    hidden = F.gelu(x @ mlp.fc1.weight.T + mlp.fc1.bias)  # (B, N, hidden_dim)
+    assert torch.allclose(mlp(x), hidden @ mlp.fc2.weight.T + mlp.fc2.bias, atol=1e-6)
+
+
+def _layer_norm_float64(x: torch.Tensor, norm: nn.LayerNorm, eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis, in float64."""
+    var, mean = torch.var_mean(x, dim=-1, unbiased=False, keepdim=True)
+    return (x - mean) / (var + eps).sqrt() * norm.weight.double() + norm.bias.double()
+
+
+@torch.no_grad()
+def test_block_defaults_are_timms_pre_norm_block() -> None:
+    """Block(dim, num_heads) by default is timm's: x + attn(LN(x)), then x + mlp(LN(x)), with
+    LayerNorm eps 1e-6, a qkv bias, an MLP 4 x dim wide, no LSA and no dropout or drop path even
+    in training, checked against a float64 reference. Inputs of std 1e-3 (variance 1e-6) make
+    LayerNorm's eps matter: torch's default 1e-5 would scale the normalised values by ~0.4."""
+    torch.manual_seed(0)
+    block = Block(8, num_heads=2)  # training mode
+    for norm in (block.norm1, block.norm2):
+        nn.init.normal_(norm.weight)
+        nn.init.normal_(norm.bias)
+    assert block.mlp.fc1.out_features == 32 and block.attn.qkv.bias is not None
+    x = 1e-3 * torch.randn(2, 5, 8)
+    x64 = x.double()
+    h = x64 + _attention_float64(block.attn, _layer_norm_float64(x64, block.norm1, 1e-6))
+    m = block.mlp
+    hidden = F.gelu(
+        F.linear(
+            _layer_norm_float64(h, block.norm2, 1e-6), m.fc1.weight.double(), m.fc1.bias.double()
+        )
+    )
+    expected = h + F.linear(hidden, m.fc2.weight.double(), m.fc2.bias.double())
+    assert torch.allclose(block(x).double(), expected, atol=1e-5)
+    assert not hasattr(block.attn, "temperature")  # lsa off
+
+
+def test_block_passes_its_settings_to_its_parts() -> None:
+    """Each Block argument reaches its part: num_heads, qkv_bias, kernel and lsa (a temperature
+    per head) the attention; drop its output and both MLP dropouts; attn_drop the attention
+    weights; mlp_ratio the MLP width; drop_path both residual branches."""
+    block = Block(
+        8,
+        num_heads=4,
+        mlp_ratio=2.0,
+        qkv_bias=False,
+        drop=0.1,
+        attn_drop=0.2,
+        drop_path=0.3,
+        kernel="explicit",
+        lsa=True,
+    )
+    attn = block.attn
+    assert attn.num_heads == 4 and attn.head_dim == 2
+    assert attn.qkv.bias is None and attn.kernel == "explicit"
+    assert attn.temperature.shape == (4,)
+    assert attn.proj_drop.p == block.mlp.drop1.p == block.mlp.drop2.p == 0.1
+    assert attn.attn_drop == 0.2
+    assert block.mlp.fc1.out_features == 16
+    assert block.drop_path1.drop_prob == block.drop_path2.drop_prob == 0.3

@@ -534,3 +534,40 @@ def test_param_groups_take_any_module_and_skip_only_the_frozen_parameters() -> N
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert [tuple(p.shape) for p in decay["params"]] == [(2, 4)]
     assert [tuple(p.shape) for p in no_decay["params"]] == [(4,), (4,), (4,), (2,)]
+
+
+def _refusal(**kwargs: object) -> str:
+    with pytest.raises(ValueError) as error:
+        OptimizerConfig(**kwargs)
+    return str(error.value)
+
+
+def test_each_bad_optimizer_setting_is_refused_word_for_word() -> None:
+    assert _refusal(name="sgd") == (
+        "optimizer.name='sgd': expected 'adamw', or 'muon' (Muon for the blocks' weight "
+        "matrices, AdamW for the rest)."
+    )
+    assert _refusal(lr=0.0) == "optimizer.lr=0.0 must be positive (1e-3 suits AdamW on a ViT)."
+    assert _refusal(weight_decay=-0.1) == "optimizer.weight_decay=-0.1 must be >= 0."
+    for betas in ([0.9, 1.0], [-0.1, 0.9], [1.5, 0.9], [0.9]):
+        assert _refusal(betas=betas) == (
+            f"optimizer.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]."
+        )
+    assert _refusal(muon={"lr_scale": 0.0}) == (
+        "optimizer.muon.lr_scale=0.0 must be positive: the Muon group's learning rate is lr "
+        "times it."
+    )
+    assert _refusal(muon={"ns_steps": 0}) == (
+        "optimizer.muon.ns_steps=0: expected a whole number of Newton-Schulz iterations, 1 or "
+        "more (Muon's default is 5; fewer are cheaper and less exact)."
+    )
+    assert _refusal(muon={"patch_embed": True}).endswith(
+        "over a config that sets them, such as cpu60.yaml)."
+    )
+
+
+def test_the_edge_optimizer_settings_are_taken() -> None:
+    """betas may be 0 (no averaging), one Newton-Schulz step is enough to be valid."""
+    assert OptimizerConfig(betas=(0.0, 0.0)).betas == (0.0, 0.0)
+    assert OptimizerConfig(name="muon", muon={"ns_steps": 1}).muon.ns_steps == 1
+    assert OptimizerConfig(weight_decay=0.0).weight_decay == 0.0

@@ -164,3 +164,12 @@ def test_a_halved_warmup_is_a_whole_number_of_steps() -> None:
         opt.step()
         sched.step()
     assert lrs[:6] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 1.0])
+
+
+def test_an_unknown_decay_is_refused_word_for_word() -> None:
+    with pytest.raises(ValueError) as error:
+        ScheduleConfig(decay="step")
+    assert str(error.value) == (
+        "decay='step' is not a schedule shape: use one of ('cosine', 'linear') "
+        "(cosine is the default; linear decays to min_lr in a straight line)."
+    )
