@@ -484,3 +484,76 @@ def test_dynamic_patch_embed_takes_only_square_whole_patch_images(shape: tuple) 
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         embed(torch.randn(*shape))
+
+
+@pytest.mark.parametrize(
+    ("class_token", "embed_dim"),
+    [(True, 32), (False, 32), (True, 16)],  # 16: as wide as the 4x4 grid has patches
+)
+def test_dynamic_embed_adds_the_bicubic_resized_table_to_a_smaller_grid(
+    class_token: bool, embed_dim: int
+) -> None:
+    """At a 2x2 grid the tokens are the patch vectors (after CLS, if any) plus the position table
+    with its patch part resized bicubically from 4x4 and its prefix part kept: however many
+    prefix tokens there are, and whatever the width."""
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        **{**TINY, "embed_dim": embed_dim},
+        class_token=class_token,
+        global_pool="token" if class_token else "avg",
+        dynamic_img_size=True,
+    ).eval()
+    with torch.no_grad():
+        model.pos_embed.normal_()  # a table whose resizing shows
+    x = torch.randn(2, 3, 16, 16)
+    prefix = 1 if class_token else 0
+    pos = model.pos_embed.detach()
+    grid = pos[:, prefix:].reshape(1, 4, 4, embed_dim).permute(0, 3, 1, 2)  # (1, D, 4, 4)
+    grid = F.interpolate(grid, size=(2, 2), mode="bicubic", align_corners=False)
+    table = torch.cat([pos[:, :prefix], grid.permute(0, 2, 3, 1).reshape(1, 4, embed_dim)], 1)
+    with torch.no_grad():
+        tokens = model.patch_embed(x)
+        if class_token:
+            tokens = torch.cat([model.cls_token.expand(2, 1, embed_dim), tokens], 1)
+        torch.testing.assert_close(model.embed(x), tokens + table)
+    assert model(x).shape == (2, 10)
+
+
+def test_patch_dropout_without_class_token_treats_every_token_as_a_patch() -> None:
+    """With no prefix token all 16 tokens are patches: rate 0.9 keeps int(16 * 0.1) = 1 of them,
+    drawn per image from all 16, the first as droppable as any other."""
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY, class_token=False, global_pool="avg", patch_drop_rate=0.9)
+    x = torch.randn(8, 3, 32, 32)
+    full = model.eval().embed(x)
+    kept = model.train().embed(x)
+    assert kept.shape == (8, 1, 32)
+    match = (kept[:, :, None] == full[:, None]).all(-1)  # (8, 1 kept, 16 tokens)
+    assert match.sum(-1).tolist() == [[1]] * 8  # each kept token is one of the image's own
+    assert len(set(match[:, 0].int().argmax(-1).tolist())) > 1  # not always the same token
+
+
+@pytest.mark.parametrize("spt", [False, True])
+def test_patch_projection_starts_lecun_normal(spt: bool) -> None:
+    """The patch projection is a linear map of a flattened patch of fan_in = C*p*p values
+    (5*C*p*p with spt): its weights start with std sqrt(1 / fan_in), its bias at zero."""
+    torch.manual_seed(0)
+    proj = VisionTransformer(**TINY, spt=spt).patch_embed.proj
+    fan_in = (5 if spt else 1) * 3 * 8 * 8
+    expected = (1.0 / fan_in) ** 0.5
+    assert proj.weight.numel() == 32 * fan_in
+    assert abs(proj.weight.std().item() / expected - 1) < 0.05  # 6144+ draws: ~1% spread
+    assert torch.equal(proj.bias, torch.zeros(32))
+
+
+def test_init_weights_defaults_are_timms_init(tiny_model: VisionTransformer) -> None:
+    """init_weights() with no arguments redraws timm's init: std 0.02 noise for the positions
+    (not the 2-D table), the CLS entry included, linear biases at zero."""
+    with torch.no_grad():
+        for p in tiny_model.parameters():
+            p.fill_(1.0)
+    tiny_model.init_weights()
+    pos = tiny_model.pos_embed[0]
+    assert abs(pos.std().item() / 0.02 - 1) < 0.1  # 544 draws: ~3% spread; the table's ~0.7
+    assert pos[0].abs().sum() > 0  # noise at the CLS entry too, which sincos2d leaves at zero
+    assert torch.equal(tiny_model.head.bias, torch.zeros(10))
