@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from vit.data.trivial_augment import (
     apply_ops,
+    draw_device,
     draw_rand,
     draw_trivial,
     to_device,
@@ -29,9 +30,9 @@ def _check_batch(images: Tensor, *, name: str) -> None:
         )
 
 
-def _draw_device(images: Tensor, generator: torch.Generator | None) -> torch.device:
-    """Draw on the generator's device: a CPU generator may drive a GPU batch."""
-    return generator.device if generator is not None else images.device
+def _check_uint8(images: Tensor, *, name: str) -> None:
+    if images.dtype != torch.uint8:
+        raise ValueError(f"{name} expects uint8 images, got dtype {images.dtype}.")
 
 
 def _expand_channels(index: Tensor, *, channels: int) -> Tensor:
@@ -52,9 +53,15 @@ def random_crop(
         raise ValueError(f"random_crop padding must be >= 0, got {padding}; use 0 to disable it.")
     if padding == 0:
         return images
-    b, device = images.shape[0], _draw_device(images, generator)
-    offsets = torch.randint(0, 2 * padding + 1, (2, b), generator=generator, device=device)
+    offsets = crop_offsets(images.shape[0], padding, generator, draw_device(images, generator))
     return crop_at(images, offsets, padding=padding)
+
+
+def crop_offsets(
+    batch: int, padding: int, generator: torch.Generator | None, device: torch.device | str
+) -> Tensor:
+    """random_crop's draw: each image's window corner (top, left) in [0, 2 * padding], (2, B)."""
+    return torch.randint(0, 2 * padding + 1, (2, batch), generator=generator, device=device)
 
 
 def crop_at(images: Tensor, offsets: Tensor, *, padding: int) -> Tensor:
@@ -80,7 +87,7 @@ def random_hflip(
     _check_batch(images, name="random_hflip")
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"random_hflip p must be a probability in [0, 1], got {p}.")
-    device = _draw_device(images, generator)
+    device = draw_device(images, generator)
     return flip_at(images, torch.rand(images.shape[0], generator=generator, device=device) < p)
 
 
@@ -124,8 +131,7 @@ def trivial_augment(images: Tensor, *, generator: torch.Generator | None = None)
     from `generator` alone, so a resumed run augments alike and the global RNG is untouched.
     """
     _check_batch(images, name="trivial_augment")
-    if images.dtype != torch.uint8:
-        raise ValueError(f"trivial_augment expects uint8 images, got dtype {images.dtype}.")
+    _check_uint8(images, name="trivial_augment")
     return trivial_augment_batch(images, generator=generator)
 
 
@@ -230,9 +236,9 @@ class TrainAugment(nn.Module):
     def forward(self, images: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
         """(B, C, H, W) uint8 -> (B, C, H, W) uint8, augmented per image."""
         _check_batch(images, name="TrainAugment")
-        if self.trivial and images.dtype != torch.uint8:
-            raise ValueError(f"trivial_augment expects uint8 images, got dtype {images.dtype}.")
-        device = _draw_device(images, generator)
+        if self.trivial:
+            _check_uint8(images, name="trivial_augment")
+        device = draw_device(images, generator)
         b, _, h, w = images.shape
         draws = self.draw(b, generator=generator, device=device, size=(h, w))
         if not self.compiled:
@@ -257,8 +263,7 @@ class TrainAugment(nn.Module):
         draws: torch.compile takes it as one graph (a draw from a generator breaks a graph)."""
         draws: dict[str, Any] = {"ops": []}
         if self.padding:
-            high = 2 * self.padding + 1
-            draws["crop"] = torch.randint(0, high, (2, batch), generator=generator, device=device)
+            draws["crop"] = crop_offsets(batch, self.padding, generator, device)
         if self.hflip:
             draws["flip"] = torch.rand(batch, generator=generator, device=device) < 0.5
         if self.trivial:

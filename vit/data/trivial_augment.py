@@ -52,6 +52,12 @@ def to_device(draws: Tensor, device: torch.device) -> Tensor:
     return draws.to(device)
 
 
+def draw_device(images: Tensor, generator: torch.Generator | None) -> torch.device:
+    """Where draws for `images` are made: on the generator's device (a CPU generator may drive a
+    GPU batch), else on the images'."""
+    return generator.device if generator is not None else images.device
+
+
 def magnitudes(op: str, num_bins: int = 31) -> Tensor | None:
     """TrivialAugmentWide's magnitude of each bin for `op` (None: the op takes none)."""
     if op in ("ShearX", "ShearY", "Brightness", "Color", "Contrast", "Sharpness"):
@@ -212,9 +218,11 @@ def trivial_augment_batch(
     `grouped` (the default on a CPU) runs each op on only the images that drew it; ungrouped (the
     default elsewhere) runs every op on the whole batch and keeps each image's own result. The
     two give the same images."""
-    device = generator.device if generator is not None else images.device
     op_index, magnitude = draw_trivial(
-        images.shape[0], generator=generator, device=device, num_bins=num_bins
+        images.shape[0],
+        generator=generator,
+        device=draw_device(images, generator),
+        num_bins=num_bins,
     )
     return apply_ops(images, op_index, magnitude, grouped=grouped)
 
@@ -230,13 +238,12 @@ def rand_augment_batch(
 ) -> Tensor:
     """RandAugment: `num_ops` rounds, each drawing an op and a sign per image, all ops at the one
     `magnitude` bin; each round runs batched as trivial_augment_batch does."""
-    device = generator.device if generator is not None else images.device
     rounds = draw_rand(
         images.shape[0],
         num_ops=num_ops,
         magnitude=magnitude,
         generator=generator,
-        device=device,
+        device=draw_device(images, generator),
         num_bins=num_bins,
         size=images.shape[-2:],
     )

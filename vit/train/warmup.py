@@ -56,12 +56,11 @@ def compile_augment_for_fit(module: L.LightningModule) -> int:
     augment, data = getattr(dm, "train_augment", None), getattr(dm, "train_dataset", None)
     if not getattr(augment, "compiled", False) or data is None or len(data) == 0:
         return 0
-    size = dm.hparams.batch_size
-    sizes = {min(size, len(data))} | ({len(data) % size} if not dm.hparams.drop_last else set())
+    sizes = _batch_sizes(len(data), dm.hparams.batch_size, partial=not dm.hparams.drop_last)
     images = data.images[:1].to(module.device)  # (1, C, H, W) uint8
-    for b in sorted(s for s in sizes if s):
+    for b in sizes:
         augment(images.expand(b, -1, -1, -1).contiguous(), generator=torch.Generator())
-    return len(sizes - {0})
+    return len(sizes)
 
 
 def compile_planned_shapes(
@@ -123,7 +122,12 @@ def _eval_batch_sizes(dm: object) -> list[int]:
     size, data = getattr(dm, "eval_batch_size", None), getattr(dm, "val_dataset", None)
     if not size or data is None or len(data) == 0:
         return []
-    return [s for s in {min(size, len(data)), len(data) % size} if s]
+    return _batch_sizes(len(data), size)
+
+
+def _batch_sizes(n: int, size: int, *, partial: bool = True) -> list[int]:
+    """The sizes of the batches `n` items make: full ones, and (`partial`) the last one if short."""
+    return sorted(s for s in {min(size, n), n % size if partial else 0} if s)
 
 
 def _resized(images: torch.Tensor, side: int) -> torch.Tensor:
