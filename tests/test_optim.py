@@ -112,6 +112,23 @@ def test_the_iterations_run_in_the_dtype_asked_for() -> None:
     torch.testing.assert_close(w.detach(), -0.1 * 0.2 * 16**0.5 * in_bf16, atol=1e-6, rtol=0)
 
 
+def test_in_bfloat16_each_step_rounds_once_and_lands_nearer_float64() -> None:
+    """Each Newton-Schulz step's a x + p(G) x is one fused product (one rounding to bfloat16),
+    not a product, a multiply and an add (three): on the blocks' shapes it lands nearer the
+    float64 iteration than the three-rounding form does."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    gen = torch.Generator().manual_seed(0)
+    for shape in [(4, 192, 192), (4, 192, 384)]:
+        g = torch.randn(shape, generator=gen)
+        exact = torch.stack([_newton_schulz(m) for m in g])
+        x = (g / g.norm(dim=(1, 2), keepdim=True)).bfloat16()
+        for _ in range(5):  # the three-rounding form
+            s = x @ x.mT
+            x = a * x + torch.baddbmm(s, s, s, beta=b, alpha=c) @ x
+        fused = orthogonalize(g, dtype=torch.bfloat16, gram=False).double()
+        assert (fused - exact).abs().max() < 0.85 * (x.double() - exact).abs().max()
+
+
 def test_a_tiny_gradient_still_moves_the_weights_its_way() -> None:
     """A gradient far below the normalization's 1e-7 guard (late in training, or a layer that
     barely learns) is orthogonalized as its larger copies are, its sign kept."""
@@ -121,7 +138,9 @@ def test_a_tiny_gradient_still_moves_the_weights_its_way() -> None:
     assert torch.equal(orthogonalize(torch.zeros(4, 4)), torch.zeros(4, 4))
 
 
-def test_adamw_groups_update_as_torch_adamw() -> None:
+@pytest.mark.parametrize("bias_group", [{}, {"lr": 3e-3}, {"betas": (0.8, 0.9)}, {"eps": 1e-3}])
+def test_adamw_groups_update_as_torch_adamw(bias_group: dict) -> None:
+    """AdamW's groups step as one where their settings agree, and each with its own where not."""
     torch.manual_seed(0)
     ours, ref = nn.Linear(6, 5), nn.Linear(6, 5)
     ref.load_state_dict(ours.state_dict())
@@ -129,7 +148,7 @@ def test_adamw_groups_update_as_torch_adamw() -> None:
     def groups(m: nn.Linear) -> list[dict]:
         return [
             {"params": [m.weight], "weight_decay": 0.05},
-            {"params": [m.bias], "weight_decay": 0.0},
+            {"params": [m.bias], "weight_decay": 0.0, **bias_group},
         ]
 
     opt = MuonAdamW(groups(ours), lr=1e-2, betas=(0.9, 0.99))
@@ -142,6 +161,76 @@ def test_adamw_groups_update_as_torch_adamw() -> None:
             o.step()
     for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_muon_moves_each_matrix_as_it_would_alone_whatever_the_mix_of_shapes() -> None:
+    """A group's matrices go through as stacks (one per shape, and one orthogonalization for the
+    stacks whose blocks share a shape: here a conv filter 8 x 2 x 2 x 2 with the 8 x 8
+    matrices); each must still move as it would in a group of its own, split ones included."""
+    torch.manual_seed(0)
+    shapes = [(8, 8), (8, 16), (8, 8), (8, 2, 2, 2), (16, 8), (8, 16)]
+    mixed = [nn.Parameter(torch.randn(s)) for s in shapes]
+    split = [nn.Parameter(torch.randn(24, 8)), nn.Parameter(torch.randn(12, 4))]
+    alone = [nn.Parameter(p.detach().clone()) for p in mixed + split]
+    settings = dict(lr=0.1, weight_decay=0.1, momentum=0.9, ns_dtype=torch.float32)
+    opt = MuonAdamW(
+        [{"params": mixed, "use_muon": True}, {"params": split, "use_muon": True, "split": 2}],
+        **settings,
+    )
+    singles = [
+        MuonAdamW(
+            [{"params": [p], "use_muon": True, "split": 2 if i >= len(mixed) else 1}], **settings
+        )
+        for i, p in enumerate(alone)
+    ]
+    for _ in range(2):
+        for p, q in zip(mixed + split, alone, strict=True):
+            p.grad = torch.randn(p.shape)
+            q.grad = p.grad.clone()
+        opt.step()
+        for single in singles:
+            single.step()
+    for p, q in zip(mixed + split, alone, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=1e-5)
+
+
+def _dispatched_ops(step) -> int:  # noqa: ANN001
+    """How many aten ops `step()` dispatches (each about one kernel launch on a GPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        step()
+    return Count.n
+
+
+def test_a_step_dispatches_as_many_ops_for_many_matrices_as_for_few() -> None:
+    """On a GPU the optimizer's step waits on its launches: a matrix or vector more must add no
+    dispatch, only a shape more may (each shape: its stack and its orthogonalization)."""
+
+    def ops(copies: int) -> int:
+        torch.manual_seed(0)
+        params = [nn.Parameter(torch.randn(s)) for s in [(8, 16), (16, 16), (5,)] * copies]
+        opt = MuonAdamW(
+            [
+                {"params": [p for p in params if p.dim() == 2], "use_muon": True},
+                {"params": [p for p in params if p.dim() == 1]},
+                {"params": [nn.Parameter(torch.randn(3))], "weight_decay": 0.0},
+            ],
+            ns_dtype=torch.float32,
+        )
+        for p in params + opt.param_groups[2]["params"]:
+            p.grad = torch.randn(p.shape)
+        opt.step()  # the first step creates the state
+        return _dispatched_ops(opt.step)
+
+    assert ops(1) == ops(4)
 
 
 def _newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:

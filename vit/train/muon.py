@@ -55,9 +55,9 @@ def orthogonalize(
     if gram and dtype == torch.float32 and x.shape[2] >= GRAM_FORM_RATIO * x.shape[1]:
         x = _iterate_on_the_gram(x, steps)
     else:
-        for _ in range(steps):
-            xxt = x @ x.mT
-            x = a * x + torch.baddbmm(xxt, xxt, xxt, beta=b, alpha=c) @ x
+        for _ in range(steps):  # x <- a x + (b G + c G^2) x, G = x x^T: three products
+            xxt = torch.bmm(x, x.mT)
+            x = torch.baddbmm(x, torch.baddbmm(xxt, xxt, xxt, beta=b, alpha=c), x, beta=a)
     return (x.mT if tall else x).reshape(g.shape).to(g.dtype)
 
 
@@ -165,15 +165,19 @@ class MuonAdamW(torch.optim.Optimizer):
                 loss = closure()
         # foreach: one dispatch per operation for a whole group, not one per parameter (on a GPU,
         # each dispatch is a kernel launch); the same arithmetic as the per-parameter ops
+        adamw: dict[tuple, list[Tensor]] = {}  # AdamW's groups that step alike step as one
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            torch._foreach_mul_(params, 1.0 - group["lr"] * group["weight_decay"])  # decoupled
+            if group["weight_decay"]:  # decoupled; a multiply by one would be a wasted dispatch
+                torch._foreach_mul_(params, 1.0 - group["lr"] * group["weight_decay"])
             if group["use_muon"]:
                 self._muon(params, group)
             else:
-                self._adamw(params, group)
+                adamw.setdefault((group["lr"], *group["betas"], group["eps"]), []).extend(params)
+        for (lr, beta1, beta2, eps), params in adamw.items():
+            self._adamw(params, lr=lr, betas=(beta1, beta2), eps=eps)
         return loss
 
     def _muon(self, params: list[Tensor], group: dict[str, Any]) -> None:
@@ -183,7 +187,7 @@ class MuonAdamW(torch.optim.Optimizer):
         the group's `split` > 1 each matrix's rows are cut into that many equal blocks, each
         orthogonalized (and scaled) on its own: qkv's query, key and value projections, as
         modded-nanogpt's Muon does."""
-        mu, split, same_shape = group["momentum"], group["split"], {}
+        mu, split = group["momentum"], group["split"]
         for p in params:
             if not self.state[p]:
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p)
@@ -191,31 +195,41 @@ class MuonAdamW(torch.optim.Optimizer):
         bufs = [self.state[p]["momentum_buffer"] for p in params]
         torch._foreach_lerp_(bufs, grads, 1.0 - mu)  # an average of past gradients
         nesterovs = torch._foreach_lerp(grads, bufs, mu)  # look ahead along it (Nesterov)
+        # matrices go through a few dispatches per shape, none per matrix: those of one shape as
+        # one stack, and the stacks whose blocks share a shape as one orthogonalization
+        by_shape: dict[tuple, list[tuple[Tensor, Tensor]]] = {}
         for p, nesterov in zip(params, nesterovs, strict=True):
-            blocks = nesterov.reshape(split, p.shape[0] // split, -1)  # a filter: out x in*k*k
-            same_shape.setdefault((blocks.shape[1:], p.dtype, p.device), []).append((p, blocks))
-        for (shape, _, _), pairs in same_shape.items():
+            by_shape.setdefault((p.shape, p.dtype, p.device), []).append((p, nesterov))
+        by_block: dict[tuple, list[list[tuple[Tensor, Tensor]]]] = {}
+        for (shape, dtype, device), pairs in by_shape.items():
+            block = (shape[0] // split, math.prod(shape[1:]))  # a filter: out x in*k*k
+            by_block.setdefault((block, dtype, device), []).append(pairs)
+        for (block, _, _), runs in by_block.items():
+            stacks = [torch.stack([n for _, n in pairs]).reshape(-1, *block) for pairs in runs]
             updates = orthogonalize(
-                torch.cat([blocks for _, blocks in pairs]),
+                torch.cat(stacks) if len(stacks) > 1 else stacks[0],
                 steps=group["ns_steps"],
                 dtype=self.ns_dtype,
             )
-            scale = 0.2 * math.sqrt(max(shape))  # the RMS of an AdamW update
-            torch._foreach_add_(
-                [p for p, _ in pairs],
-                [u.reshape(p.shape) for (p, _), u in zip(pairs, updates.split(split), strict=True)],
-                alpha=-group["lr"] * scale,
-            )
+            parts = updates.split([len(s) for s in stacks]) if len(runs) > 1 else [updates]
+            targets, deltas = [], []
+            for pairs, u in zip(runs, parts, strict=True):
+                targets += [p for p, _ in pairs]
+                deltas += u.reshape(len(pairs), *pairs[0][0].shape).unbind()
+            scale = 0.2 * math.sqrt(max(block))  # the RMS of an AdamW update
+            torch._foreach_add_(targets, deltas, alpha=-group["lr"] * scale)
 
-    def _adamw(self, params: list[Tensor], group: dict[str, Any]) -> None:
-        """torch.optim.AdamW's update for the group, each step of it one foreach op."""
+    def _adamw(
+        self, params: list[Tensor], *, lr: float, betas: tuple[float, float], eps: float
+    ) -> None:
+        """torch.optim.AdamW's update for these parameters, each step of it one foreach op."""
         for p in params:
             state = self.state[p]
             if not state:
                 state["step"] = torch.zeros((), dtype=torch.float32)
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
-        (beta1, beta2), grads = group["betas"], [p.grad for p in params]
+        (beta1, beta2), grads = betas, [p.grad for p in params]
         states = [self.state[p] for p in params]
         steps = [s["step"] for s in states]  # host tensors: reading them waits for no GPU
         torch._foreach_add_(steps, 1)
@@ -230,10 +244,10 @@ class MuonAdamW(torch.optim.Optimizer):
             bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
             denom = torch._foreach_sqrt([exp_avg_sqs[i] for i in index])
             torch._foreach_div_(denom, math.sqrt(bias2))
-            torch._foreach_add_(denom, group["eps"])
+            torch._foreach_add_(denom, eps)
             torch._foreach_addcdiv_(
                 [params[i] for i in index],
                 [exp_avgs[i] for i in index],
                 denom,
-                value=-group["lr"] / bias1,
+                value=-lr / bias1,
             )
