@@ -597,3 +597,42 @@ def test_draws_go_to_a_device_whole() -> None:
     for (op, m), (op0, m0) in zip(moved["ops"], draws["ops"], strict=True):
         assert (op.device.type, m.device.type) == ("meta", "meta")
         assert (op.shape, m.shape, m.dtype) == (op0.shape, m0.shape, m0.dtype)
+
+
+AUGMENTS = {
+    "crop-flip": {},
+    "trivial": {"trivial": True},
+    "rand": {"rand_ops": 2, "rand_magnitude": 5},
+}
+
+
+@pytest.mark.parametrize("kwargs", AUGMENTS.values(), ids=AUGMENTS.keys())
+def test_train_augment_draws_where_told_whatever_the_default_device(kwargs: dict) -> None:
+    """TrainAugment.draw draws every choice (crop, flip, ops) on the device it names, and forward
+    on its generator's: a script's torch.set_default_device("cuda") changes no draw. Meta stands
+    in for the GPU: images there take a CPU generator's draws, as a CPU batch would."""
+    augment = TrainAugment(**kwargs)
+    expected = augment.draw(8, generator=torch.Generator().manual_seed(1), device="cpu")
+    with torch.device("meta"):
+        got = augment.draw(8, generator=torch.Generator().manual_seed(1), device="cpu")
+    flat = lambda d: [d.get("crop"), d.get("flip"), *(t for r in d["ops"] for t in r)]  # noqa: E731
+    for a, b in zip(flat(expected), flat(got), strict=True):
+        assert (a is None and b is None) or (b.device.type == "cpu" and torch.equal(a, b))
+    on_cpu, for_meta = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+    augment(_images(8, 16, 16), generator=on_cpu)
+    with torch.device("meta"):
+        out = augment(_images(8, 16, 16).to("meta"), generator=for_meta)
+    assert out.device.type == "meta" and out.shape == (8, 3, 16, 16)
+    assert torch.equal(for_meta.get_state(), on_cpu.get_state())
+
+
+def test_bad_batches_are_refused_by_the_name_the_caller_knows() -> None:
+    """A float batch for TrivialAugment and a single image are refused in words that name the
+    function that checked them (the class for TrainAugment, the op for trivial_augment)."""
+    floats = _images(2, 8, 8).float()
+    for run in (lambda x: TrainAugment(trivial=True)(x), trivial_augment):
+        with pytest.raises(ValueError, match=r"^trivial_augment expects uint8 images, got dtype"):
+            run(floats)
+    with pytest.raises(ValueError, match=r"^TrainAugment expects a batch of images shaped"):
+        TrainAugment()(_images(1, 8, 8)[0])
+    assert repr(TrainAugment(compiled=True)).endswith("trivial=False, compiled=True)")

@@ -348,3 +348,82 @@ def test_apply_ops_takes_the_drawn_magnitudes_grouped_or_not() -> None:
     )
     assert torch.equal(apply_ops(x, op_index, m, grouped=True), expected)
     assert torch.equal(apply_ops(x, op_index, m, grouped=False), expected)
+
+
+DRAWS = {
+    "trivial": lambda **kw: [draw_trivial(16, **kw)],
+    "rand": lambda **kw: draw_rand(16, num_ops=2, magnitude=11, **kw),
+}
+
+
+@pytest.mark.parametrize("draw", DRAWS)
+def test_draws_land_on_the_device_asked_whatever_the_default_device(draw: str) -> None:
+    """A script that calls torch.set_default_device("cuda") still draws on the device it names,
+    from its generator; meta stands in for the GPU. Drawn on meta, they stay there."""
+    expected = DRAWS[draw](generator=gen(3), device="cpu")
+    with torch.device("meta"):
+        got = DRAWS[draw](generator=gen(3), device="cpu")
+    for want, have in zip(expected, got, strict=True):
+        for a, b in zip(want, have, strict=True):
+            assert b.device.type == "cpu" and torch.equal(a, b)
+    for op_index, magnitude in DRAWS[draw](device="meta"):
+        assert op_index.device.type == "meta" and magnitude.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    "augment", [trivial_augment_batch, partial(rand_augment_batch, num_ops=2)], ids=["ta", "ra"]
+)
+def test_without_a_generator_a_batch_draws_on_its_own_device(augment) -> None:  # noqa: ANN001
+    """With no generator, images on another device (meta stands in for a GPU) draw there, from
+    that device's RNG: the host's RNG is left as it was. With a CPU generator the draws are the
+    host's, and the generator moves on as a CPU batch's would."""
+    on_meta = images(n=8).to("meta")
+    host_rng = torch.get_rng_state()
+    out = augment(on_meta)
+    assert out.device.type == "meta" and out.shape == on_meta.shape
+    assert torch.equal(torch.get_rng_state(), host_rng)
+    on_cpu, for_meta = gen(4), gen(4)
+    augment(images(n=8), generator=on_cpu)
+    with torch.device("meta"):  # the draws' device comes from the generator, not the default
+        assert augment(on_meta, generator=for_meta).device.type == "meta"
+    assert torch.equal(for_meta.get_state(), on_cpu.get_state())
+
+
+def test_grouped_picks_the_way_ops_run_and_each_caller_passes_it_on(monkeypatch) -> None:
+    """On a CPU the default runs each op on the images that drew it (grouped); grouped=False runs
+    every op on the whole batch. trivial_augment_batch, rand_augment_batch (once per round) and
+    TrainAugment.apply hand their `grouped` on to apply_ops."""
+    from vit.data import trivial_augment as module
+    from vit.data.augment import TrainAugment
+
+    calls = []
+    real = module._ungrouped
+    monkeypatch.setattr(module, "_ungrouped", lambda *a: calls.append(1) or real(*a))
+    x = images(n=8, side=16)
+    op_index, m = draw_trivial(8, generator=gen(0))
+    for grouped, ungrouped_runs in ((None, 0), (True, 0), (False, 1)):
+        calls.clear()
+        apply_ops(x, op_index, m, grouped=grouped)
+        assert len(calls) == ungrouped_runs, grouped
+    # grouped on another device (meta stands in for a GPU): host draws, magnitudes moved there
+    assert apply_ops(x.to("meta"), op_index, m, grouped=True).device.type == "meta"
+    for run, rounds in (
+        (lambda g: trivial_augment_batch(x, generator=gen(1), grouped=g), 1),
+        (lambda g: rand_augment_batch(x, num_ops=2, generator=gen(1), grouped=g), 2),
+        (lambda g: TrainAugment(trivial=True).apply(x, {"ops": [(op_index, m)]}, grouped=g), 1),
+    ):
+        for grouped, ungrouped_runs in ((None, 0), (True, 0), (False, rounds)):
+            calls.clear()
+            run(grouped)
+            assert len(calls) == ungrouped_runs, grouped
+
+
+def test_randaugment_defaults_are_timms_rand_m9_n2() -> None:
+    """draw_rand's defaults: two ops per image at magnitude bin 9 (timm's rand-m9-n2)."""
+    defaults = draw_rand(32, generator=gen(2))
+    explicit = draw_rand(32, num_ops=2, magnitude=9, generator=gen(2))
+    assert len(defaults) == 2
+    for (i, m), (j, n) in zip(defaults, explicit, strict=True):
+        assert torch.equal(i, j) and torch.equal(m, n)
+    shear = rand_magnitudes("ShearX")
+    assert torch.equal(defaults[0][1][OPS.index("ShearX")].abs(), shear[9].expand(32))

@@ -300,12 +300,11 @@ def draw_rand(
 def _table(policy: str, num_bins: int, height: int = 32, width: int = 32) -> Tensor:
     """(len(OPS), num_bins): TrivialAugment's ("trivial") or RandAugment's ("rand") magnitude of
     each op at each bin, 0 for ops that take none. Cached: every batch's draws read it."""
-    rows = [
-        magnitudes(op, num_bins)
-        if policy == "trivial"
-        else rand_magnitudes(op, num_bins, height=height, width=width)
-        for op in OPS
-    ]
+    row = {  # a KeyError for any other policy
+        "trivial": lambda op: magnitudes(op, num_bins),
+        "rand": lambda op: rand_magnitudes(op, num_bins, height=height, width=width),
+    }[policy]
+    rows = [row(op) for op in OPS]
     return torch.stack([torch.zeros(num_bins) if r is None else r for r in rows])
 
 
