@@ -455,6 +455,16 @@ def test_drop_path_is_a_no_op_in_eval_and_at_rate_zero() -> None:
     assert torch.equal(torch.get_rng_state(), state)
 
 
+@pytest.mark.parametrize("rate", [1.0, -0.1, 1.5])
+def test_drop_path_refuses_a_rate_outside_0_to_1(rate: float) -> None:
+    """At 1 every branch would be dropped, and the kept ones divided by 0 (NaN): refused, as is
+    any rate that is no probability, naming the range and a usual value."""
+    message = rf"DropPath drop_prob={rate} must be in \[0, 1\): .* \(0.1 is usual"
+    with pytest.raises(ValueError, match=message):
+        DropPath(rate)
+    assert DropPath(0.99).drop_prob == 0.99 and DropPath(0.0).drop_prob == 0.0
+
+
 def test_mlp_is_fc2_of_gelu_of_fc1_with_no_dropout_by_default() -> None:
     """Mlp's default drop is 0: even in training it is exactly fc2(GELU(fc1(x)))."""
     torch.manual_seed(0)

@@ -27,6 +27,11 @@ class DropPath(nn.Module):
 
     def __init__(self, drop_prob: float = 0.0) -> None:
         super().__init__()
+        if not 0.0 <= drop_prob < 1.0:  # at 1 every branch is dropped and kept ones divide by 0
+            raise ValueError(
+                f"DropPath drop_prob={drop_prob} must be in [0, 1): the chance a sample's branch "
+                "is dropped (0.1 is usual for a small ViT)."
+            )
         self.drop_prob = drop_prob
 
     def forward(self, x: Tensor) -> Tensor:
