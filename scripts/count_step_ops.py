@@ -53,8 +53,9 @@ def build(config: dict, batch: int, augment_way: str = "config") -> tuple:
     model_cfg["torch_compile"] = False  # eager: every op is dispatched where it can be counted
     module = ViTClassifier(**model_cfg)
     optimizer = build_optimizer(module.model, module.optimizer_config)
-    if hasattr(optimizer, "ns_dtype"):
-        optimizer.ns_dtype = torch.bfloat16  # as on a GPU, whatever this CPU's bf16
+    if hasattr(optimizer, "ns_dtype"):  # Muon's iterations as on a GPU, whatever this CPU's
+        optimizer.ns_dtype = torch.bfloat16  # bf16, and every shape in one padded stack
+        optimizer.one_stack = True
     ema_args = next(
         (c.get("init_args", {}) for c in config["trainer"].get("callbacks", [])
          if c["class_path"].endswith(".EMA")),
@@ -177,7 +178,8 @@ def main() -> int:
             "Command: `python scripts/count_step_ops.py --config CONFIG --batch B --out "
             f"{ns.out.relative_to(REPO) if ns.out.is_absolute() else ns.out} --label LABEL`. "
             "Top-level aten ops (a foreach op counts once); eager float32 with Muon's iterations in "
-            "bf16 as on a GPU, one step after a warm-up step; the counts do not depend on the CPU. "
+            "bf16 as on a GPU (and, from the row that adds it, every shape in one padded stack, "
+            "as on a GPU), one step after a warm-up step; the counts do not depend on the CPU. "
             "Rows from 2026-11-28 on augment as on a GPU (every op on the whole batch; compiled: "
             "aten ops plus inductor's generated kernels, about one launch each); earlier rows "
             "augmented as on a CPU (each op on the images that drew it).",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from types import SimpleNamespace
 
 import lightning as L
@@ -13,7 +14,7 @@ from torch import nn
 from tests.helpers import quiet_trainer, random_loader, tiny_classifier
 from vit.train import muon as muon_module
 from vit.train.module import ViTClassifier
-from vit.train.muon import MuonAdamW, iteration_dtype, orthogonalize
+from vit.train.muon import MuonAdamW, iteration_dtype, orthogonalize, orthogonalize_stacks
 from vit.train.optim import MuonConfig, OptimizerConfig, check_resume_layout, muon_param_groups
 
 
@@ -194,20 +195,20 @@ def test_muon_moves_each_matrix_as_it_would_alone_whatever_the_mix_of_shapes() -
         torch.testing.assert_close(p.detach(), q.detach(), atol=1e-6, rtol=1e-5)
 
 
-def _dispatched_ops(step) -> int:  # noqa: ANN001
-    """How many aten ops `step()` dispatches (each about one kernel launch on a GPU)."""
+def _dispatched_ops(step) -> Counter:  # noqa: ANN001
+    """The aten ops `step()` dispatches, by name (on a GPU each is about one kernel launch)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Count(TorchDispatchMode):
-        n = 0
+    ops = Counter()
 
+    class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            Count.n += 1
+            ops[func.overloadpacket.__name__] += 1
             return func(*args, **(kwargs or {}))
 
     with Count():
         step()
-    return Count.n
+    return ops
 
 
 def test_a_step_dispatches_as_many_ops_for_many_matrices_as_for_few() -> None:
@@ -231,6 +232,54 @@ def test_a_step_dispatches_as_many_ops_for_many_matrices_as_for_few() -> None:
         return _dispatched_ops(opt.step)
 
     assert ops(1) == ops(4)
+
+
+def test_padded_stacks_are_each_stacks_own_orthogonalization() -> None:
+    """orthogonalize_stacks(padded=True) puts stacks of any shapes (wide, tall, square, other
+    short sides) through one orthogonalization, zero-padded: each matrix comes out as it would
+    alone, in its shape and dtype; stacks of mixed dtypes go through one by one."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(3, 8, 16), (2, 16, 8), (4, 6, 6), (1, 5, 12)]
+    stacks = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    alone = orthogonalize_stacks(stacks, dtype=torch.float64)
+    together = orthogonalize_stacks(stacks, dtype=torch.float64, padded=True)
+    for a, t, s in zip(alone, together, stacks, strict=True):
+        assert t.shape == s.shape and t.dtype == s.dtype
+        torch.testing.assert_close(t, a, atol=1e-10, rtol=0)
+        torch.testing.assert_close(a, orthogonalize(s, dtype=torch.float64), atol=0, rtol=0)
+    mixed = [stacks[0], stacks[1].float()]
+    for a, m in zip(orthogonalize_stacks(mixed, padded=True), mixed, strict=True):
+        assert a.dtype == m.dtype
+        torch.testing.assert_close(a, orthogonalize(m), atol=0, rtol=0)
+
+
+def test_one_stack_runs_one_orthogonalization_for_every_shape_and_moves_alike() -> None:
+    """MuonAdamW(one_stack=True) (a GPU's default) orthogonalizes matrices of three shapes in
+    one stack: one iteration's products (two baddbmm a step) instead of three; the weights move
+    as with one stack per shape (a CPU's default)."""
+
+    def run(one_stack: bool | None) -> tuple[MuonAdamW, Counter, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        params = [nn.Parameter(torch.randn(s)) for s in [(8, 16), (16, 8), (12, 12), (8, 16)]]
+        # bfloat16: the loop form for every shape (float32 takes the Gram form for some)
+        opt = MuonAdamW([{"params": params, "use_muon": True}], ns_dtype=torch.bfloat16,
+                        one_stack=one_stack)  # fmt: skip
+        for p in params:
+            p.grad = torch.randn(p.shape)
+        return opt, _dispatched_ops(opt.step), [p.detach() for p in params]
+
+    default, per_shape, moved = run(None)
+    assert default.one_stack is False  # parameters on a CPU
+    _, one, moved_together = run(True)
+    assert per_shape["baddbmm"] == 3 * 2 * 5 and one["baddbmm"] == 2 * 5
+    for a, b in zip(moved, moved_together, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_muon_takes_every_shape_in_one_stack_by_default() -> None:
+    w = nn.Parameter(torch.randn(8, 16, device="cuda"))
+    assert MuonAdamW([{"params": [w], "use_muon": True}]).one_stack is True
 
 
 def _newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:

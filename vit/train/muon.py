@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from vit.system.hardware import cpu_has_fast_bf16
@@ -85,6 +86,34 @@ def _iterate_on_the_gram(x: Tensor, steps: int) -> Tensor:
     return q @ x
 
 
+def orthogonalize_stacks(
+    stacks: list[Tensor],
+    *,
+    steps: int = 5,
+    dtype: torch.dtype = torch.float32,
+    padded: bool = False,
+) -> list[Tensor]:
+    """Each stack (k, m, n) orthogonalized matrix by matrix, as `orthogonalize` does. `padded`:
+    all of them as one stack, each matrix turned wide and zero-padded to the largest: one
+    iteration's launches instead of one per stack, for more multiply-adds (where the step waits
+    on launches, as on a GPU). Exact in exact arithmetic: padding keeps each matrix's norm, and
+    its zero rows and columns stay zero through every iteration (G = x x^T gains zero rows and
+    columns, p(G) x keeps x's zero columns)."""
+    if not padded or len(stacks) < 2 or len({(s.dtype, s.device) for s in stacks}) > 1:
+        return [orthogonalize(s, steps=steps, dtype=dtype) for s in stacks]
+    tall = [s.shape[1] > s.shape[2] for s in stacks]
+    wide = [s.mT if t else s for s, t in zip(stacks, tall, strict=True)]
+    m, n = max(w.shape[1] for w in wide), max(w.shape[2] for w in wide)
+    out = orthogonalize(
+        torch.cat([F.pad(w, (0, n - w.shape[2], 0, m - w.shape[1])) for w in wide]),
+        steps=steps,
+        dtype=dtype,
+    )
+    parts = out.split([len(w) for w in wide])
+    cut = [p[:, : w.shape[1], : w.shape[2]] for p, w in zip(parts, wide, strict=True)]
+    return [c.mT if t else c for c, t in zip(cut, tall, strict=True)]
+
+
 def iteration_dtype(params: Iterable[Tensor]) -> torch.dtype:
     """bfloat16 where its matrix products are fast (a GPU, or a CPU with AVX512-BF16 or AMX),
     float32 elsewhere: the dtype of the Newton-Schulz iterations for these parameters."""
@@ -111,7 +140,8 @@ class MuonAdamW(torch.optim.Optimizer):
     """One optimizer, two rules: groups with `use_muon=True` take Muon's update, the others
     AdamW's (the same update as torch.optim.AdamW, tested). Both decay weights as AdamW does,
     by lr * weight_decay, and both follow the group's lr, so one schedule drives them. Build it
-    once the parameters are on their device: that picks the iterations' dtype by default.
+    once the parameters are on their device: that picks the iterations' dtype, and whether all
+    shapes go through one padded orthogonalization (`one_stack`), by default.
     """
 
     def __init__(
@@ -125,6 +155,7 @@ class MuonAdamW(torch.optim.Optimizer):
         momentum: float = 0.95,
         ns_steps: int = 5,
         ns_dtype: torch.dtype | None = None,
+        one_stack: bool | None = None,
     ) -> None:
         check_momentum(momentum)
         check_ns_steps(ns_steps)
@@ -156,6 +187,9 @@ class MuonAdamW(torch.optim.Optimizer):
                 )
         # None: bf16 where it is fast for these parameters (iteration_dtype), else float32
         self.ns_dtype = ns_dtype or iteration_dtype(muon)
+        # None: on a GPU, where the step waits on launches, every shape in one padded stack
+        # (orthogonalize_stacks); on a CPU, where it waits on products, one stack per shape
+        self.one_stack = any(p.is_cuda for p in muon) if one_stack is None else one_stack
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
@@ -182,8 +216,9 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """Each matrix's momentum and look-ahead, then one orthogonalization per shape for the
-        stack of them: the blocks' matrices come in four shapes, and a batched product of four
-        uses two cores better than four small ones (experiments/record/benchmarks/muon_ns.md). With
+        stack of them (or one for all shapes, padded: `one_stack`): the blocks' matrices come in
+        four shapes, and a batched product of four uses two cores better than four small ones
+        (experiments/record/benchmarks/muon_ns.md). With
         the group's `split` > 1 each matrix's rows are cut into that many equal blocks, each
         orthogonalized (and scaled) on its own: qkv's query, key and value projections, as
         modded-nanogpt's Muon does."""
@@ -204,16 +239,19 @@ class MuonAdamW(torch.optim.Optimizer):
         for (shape, dtype, device), pairs in by_shape.items():
             block = (shape[0] // split, math.prod(shape[1:]))  # a filter: out x in*k*k
             by_block.setdefault((block, dtype, device), []).append(pairs)
+        stacks = []
         for (block, _, _), runs in by_block.items():
-            stacks = [torch.stack([n for _, n in pairs]).reshape(-1, *block) for pairs in runs]
-            updates = orthogonalize(
-                torch.cat(stacks) if len(stacks) > 1 else stacks[0],
-                steps=group["ns_steps"],
-                dtype=self.ns_dtype,
-            )
-            parts = updates.split([len(s) for s in stacks]) if len(runs) > 1 else [updates]
+            parts = [torch.stack([n for _, n in pairs]).reshape(-1, *block) for pairs in runs]
+            stacks.append(torch.cat(parts) if len(parts) > 1 else parts[0])
+        updates = orthogonalize_stacks(
+            stacks, steps=group["ns_steps"], dtype=self.ns_dtype, padded=self.one_stack
+        )
+        for ((block, _, _), runs), update in zip(by_block.items(), updates, strict=True):
+            sizes = [len(pairs) * split for pairs in runs]
             targets, deltas = [], []
-            for pairs, u in zip(runs, parts, strict=True):
+            for pairs, u in zip(
+                runs, update.split(sizes) if len(runs) > 1 else [update], strict=True
+            ):
                 targets += [p for p, _ in pairs]
                 deltas += u.reshape(len(pairs), *pairs[0][0].shape).unbind()
             scale = 0.2 * math.sqrt(max(block))  # the RMS of an AdamW update
