@@ -20,7 +20,7 @@ from vit.data.augment import (
     random_hflip,
     trivial_augment,
 )
-from vit.data.trivial_augment import rand_augment_batch
+from vit.data.trivial_augment import draw_rand, rand_augment_batch
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
@@ -636,3 +636,20 @@ def test_bad_batches_are_refused_by_the_name_the_caller_knows() -> None:
     with pytest.raises(ValueError, match=r"^TrainAugment expects a batch of images shaped"):
         TrainAugment()(_images(1, 8, 8)[0])
     assert repr(TrainAugment(compiled=True)).endswith("trivial=False, compiled=True)")
+
+
+def test_train_augment_draws_on_the_device_and_for_the_size_it_is_given() -> None:
+    """TrainAugment.draw makes each draw on `device` (meta stands in for a GPU) and RandAugment's
+    magnitudes for the images' `size` (its translations are a share of the side)."""
+    for kwargs in AUGMENTS.values():
+        draws = TrainAugment(**kwargs).draw(4, device="meta")
+        for t in (draws.get("crop"), draws.get("flip"), *(t for r in draws["ops"] for t in r)):
+            assert t is None or t.device.type == "meta"
+    augment = TrainAugment(padding=0, hflip=False, rand_ops=1, rand_magnitude=9)
+    drawn = augment.draw(16, generator=torch.Generator().manual_seed(3), size=(16, 24))
+    ((op_index, magnitude),) = draw_rand(
+        16, num_ops=1, magnitude=9, generator=torch.Generator().manual_seed(3), size=(16, 24)
+    )
+    ((ops_32, magnitude_32),) = augment.draw(16, generator=torch.Generator().manual_seed(3))["ops"]
+    assert torch.equal(drawn["ops"][0][0], op_index) and torch.equal(drawn["ops"][0][1], magnitude)
+    assert torch.equal(ops_32, op_index) and not torch.equal(magnitude_32, magnitude)

@@ -557,3 +557,74 @@ def test_init_weights_defaults_are_timms_init(tiny_model: VisionTransformer) -> 
     assert abs(pos.std().item() / 0.02 - 1) < 0.1  # 544 draws: ~3% spread; the table's ~0.7
     assert pos[0].abs().sum() > 0  # noise at the CLS entry too, which sincos2d leaves at zero
     assert torch.equal(tiny_model.head.bias, torch.zeros(10))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(global_pool="max"), "global_pool='max' must be 'token' or 'avg'."),
+        (
+            dict(global_pool="token", class_token=False),
+            "global_pool='token' needs class_token=True; use global_pool='avg'.",
+        ),
+        (
+            dict(attn_init="xavier"),
+            "attn_init='xavier' must be one of ('default', 'mimetic') ('mimetic' starts each "
+            "attention near the structure trained ViTs show; 'default' is timm's init).",
+        ),
+        (
+            dict(pos_init="zeros"),
+            "pos_init='zeros' must be one of ('trunc_normal', 'sincos2d') ('sincos2d' starts the "
+            "learned position table at the 2-D sine-cosine table; 'trunc_normal' is timm's init).",
+        ),
+        (  # one patch (6 // 4: the 4-pixel patch fits once) and no class token
+            dict(img_size=6, patch_size=4, class_token=False, global_pool="avg", lsa=True),
+            "lsa=True needs at least 2 tokens, but this model has 1 (one patch, no class token); "
+            "use a smaller patch_size, class_token=True, or lsa=False.",
+        ),
+    ],
+)
+def test_bad_config_messages_word_for_word(overrides: dict, message: str) -> None:
+    """What a user reads when a name or a combination is refused: the value, the choices and
+    the fix, as written."""
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        VisionTransformer(**{**TINY, **overrides})
+
+
+def test_lsa_takes_two_tokens_whether_patches_or_a_class_token() -> None:
+    """LSA masks each token's own score, so it needs a second token to attend to: one patch and
+    the class token are enough, as are two by two patches without it."""
+    one_patch = VisionTransformer(**{**TINY, "img_size": 8, "patch_size": 8, "lsa": True})
+    assert one_patch(torch.zeros(1, 3, 8, 8)).shape == (1, 10)
+    no_cls = dict(img_size=16, patch_size=8, class_token=False, global_pool="avg", lsa=True)
+    assert VisionTransformer(**{**TINY, **no_cls})(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
+
+
+def test_model_and_patch_embedding_defaults() -> None:
+    """VisionTransformer() is ViT-Tiny's width at depth 6 (192 wide, 3 heads, MLP 4x) for CIFAR
+    (32 x 32, patch 4, 10 classes); PatchEmbed() embeds those patches at that width."""
+    model = VisionTransformer()
+    assert (model.embed_dim, len(model.blocks), model.blocks[0].attn.num_heads) == (192, 6, 3)
+    assert model.blocks[0].mlp.fc1.out_features == 4 * 192
+    embed = PatchEmbed()
+    assert (embed.img_size, embed.patch_size, embed.in_chans) == (32, 4, 3)
+    assert embed.dynamic_img_size is False and embed.proj.out_channels == 192
+
+
+def test_the_blocks_take_the_models_bias_dropout_and_drop_path_settings() -> None:
+    """qkv_bias, drop_rate, attn_drop_rate and drop_path_rate (a linear rise over the depth) and
+    in_chans reach each block's layers and the patch projection."""
+    model = VisionTransformer(
+        **{**TINY, "depth": 3},
+        qkv_bias=False,
+        drop_rate=0.1,
+        attn_drop_rate=0.2,
+        drop_path_rate=0.3,
+        in_chans=1,
+    )
+    assert model.patch_embed.proj.in_channels == 1
+    for block, rate in zip(model.blocks, [0.0, 0.15, 0.3], strict=True):
+        assert block.attn.qkv.bias is None
+        assert block.mlp.drop1.p == block.mlp.drop2.p == 0.1
+        assert block.attn.attn_drop == 0.2
+        assert block.drop_path1.drop_prob == pytest.approx(rate)
