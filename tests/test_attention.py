@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -459,7 +461,10 @@ def test_drop_path_is_a_no_op_in_eval_and_at_rate_zero() -> None:
 def test_drop_path_refuses_a_rate_outside_0_to_1(rate: float) -> None:
     """At 1 every branch would be dropped, and the kept ones divided by 0 (NaN): refused, as is
     any rate that is no probability, naming the range and a usual value."""
-    message = rf"DropPath drop_prob={rate} must be in \[0, 1\): .* \(0.1 is usual"
+    message = re.escape(
+        f"DropPath drop_prob={rate} must be in [0, 1): the chance a sample's branch is dropped "
+        "(0.1 is usual for a small ViT)."
+    )
     with pytest.raises(ValueError, match=message):
         DropPath(rate)
     assert DropPath(0.99).drop_prob == 0.99 and DropPath(0.0).drop_prob == 0.0

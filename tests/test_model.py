@@ -628,3 +628,9 @@ def test_the_blocks_take_the_models_bias_dropout_and_drop_path_settings() -> Non
         assert block.mlp.drop1.p == block.mlp.drop2.p == 0.1
         assert block.attn.attn_drop == 0.2
         assert block.drop_path1.drop_prob == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("name", ["img_size", "patch_size", "in_chans", "embed_dim"])
+def test_patch_embedding_refuses_a_size_below_one_naming_it(name: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name}=0 must be a positive integer.$"):
+        PatchEmbed(**{name: 0})

@@ -253,6 +253,21 @@ def test_padded_stacks_are_each_stacks_own_orthogonalization() -> None:
         torch.testing.assert_close(a, orthogonalize(m), atol=0, rtol=0)
 
 
+def test_stacks_take_the_steps_asked_for_and_two_already_share_one_iteration() -> None:
+    """orthogonalize_stacks runs `steps` iterations either way, and pads from two stacks on:
+    two shapes make one iteration's products (two baddbmm a step in bfloat16's loop form)."""
+    gen = torch.Generator().manual_seed(1)
+    stacks = [torch.randn(s, generator=gen, dtype=torch.float64) for s in [(2, 4, 8), (1, 8, 8)]]
+    for padded in (False, True):
+        out = orthogonalize_stacks(stacks, steps=2, dtype=torch.float64, padded=padded)
+        for o, s in zip(out, stacks, strict=True):
+            torch.testing.assert_close(o, orthogonalize(s, steps=2, dtype=torch.float64))
+    counts = _dispatched_ops(
+        lambda: orthogonalize_stacks(stacks, steps=3, dtype=torch.bfloat16, padded=True)
+    )
+    assert counts["baddbmm"] == 2 * 3
+
+
 def test_one_stack_runs_one_orthogonalization_for_every_shape_and_moves_alike() -> None:
     """MuonAdamW(one_stack=True) (a GPU's default) orthogonalizes matrices of three shapes in
     one stack: one iteration's products (two baddbmm a step) instead of three; the weights move
