@@ -110,8 +110,9 @@ def table(command: str, status_note: str = "") -> str:
         *(["", status_note] if status_note else []),
         "",
         "- *mutmut*: the outcomes mutmut recorded (mutants/); *killed since*: survivors that tests",
-        "  written after the run kill, each checked with `python scripts/mutation_check.py MUTANT",
-        "  --record -- TESTS` ([checked.tsv](checked.tsv): mutant, outcome, date, tests).",
+        "  written after the run kill, and mutants of unchanged code that the run did not reach,",
+        "  each checked with `python scripts/mutation_check.py MUTANT --record -- TESTS`",
+        "  ([checked.tsv](checked.tsv): mutant, outcome, date, tests).",
         "- *equivalent* / *untestable*: survivors reviewed one by one in",
         "  [reviewed.tsv](reviewed.tsv), each with its reason.",
         "- *before* = killed / mutants run, as mutmut found them; *now* = (killed + killed since) /",
@@ -132,12 +133,20 @@ def table(command: str, status_note: str = "") -> str:
                 status[name] = "not checked"
         counts = Counter(status.values())
         alive = [m for m, s in status.items() if s in ("survived", "no tests")]
-        since = sum(m in later for m in alive)
+        # mutants of unchanged code that mutmut's run did not reach, run by a recorded check
+        reached = [
+            m
+            for m, s in status.items()
+            if s == "not checked"
+            and m in later
+            and m.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0] not in changed.get(module, ())
+        ]
+        since = sum(m in later for m in alive) + len(reached)
         verdicts = Counter(review[m][0] for m in alive if m in review and m not in later)
-        run = len(status) - counts["not checked"]
-        before = share(counts["killed"], run)
+        before = share(counts["killed"], len(status) - counts["not checked"])
+        run = len(status) - counts["not checked"] + len(reached)
         now = share(counts["killed"] + since, run - verdicts["equivalent"])
-        if counts["not checked"]:  # a run under way: shares of the mutants run so far
+        if counts["not checked"] > len(reached):  # a run under way: shares of those run so far
             before, now = f"{before} of {run}", f"{now} of {run}"
         row = [module, str(len(status))] + [str(counts[c]) for c in COLUMNS]
         row += [str(since), str(verdicts["equivalent"]), str(verdicts["untestable"]), before, now]

@@ -634,3 +634,13 @@ def test_the_blocks_take_the_models_bias_dropout_and_drop_path_settings() -> Non
 def test_patch_embedding_refuses_a_size_below_one_naming_it(name: str) -> None:
     with pytest.raises(ValueError, match=f"^{name}=0 must be a positive integer.$"):
         PatchEmbed(**{name: 0})
+
+
+def test_spt_refuses_a_one_pixel_patch_word_for_word() -> None:
+    """Shifting by half a patch needs a patch of 2 pixels or more."""
+    message = (
+        "spt=True shifts the image by half a patch, which needs patch_size >= 2; got "
+        "patch_size=1. Use a larger patch or spt=False."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        PatchEmbed(patch_size=1, spt=True)
