@@ -128,18 +128,18 @@ def table(command: str, status_note: str = "") -> str:
         if functions := changed_since_run(module):
             changed[module] = functions
         status = outcomes(module)
-        for name in status:  # an outcome for code that has changed since is no outcome
-            if name.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0] in changed.get(module, ()):
-                status[name] = "not checked"
+        stale = {
+            name
+            for name in status
+            if name.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0] in changed.get(module, ())
+        }
+        for name in stale:  # an outcome for code that has changed since is no outcome
+            status[name] = "not checked"
         counts = Counter(status.values())
         alive = [m for m, s in status.items() if s in ("survived", "no tests")]
         # mutants of unchanged code that mutmut's run did not reach, run by a recorded check
         reached = [
-            m
-            for m, s in status.items()
-            if s == "not checked"
-            and m in later
-            and m.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0] not in changed.get(module, ())
+            m for m, s in status.items() if s == "not checked" and m in later and m not in stale
         ]
         since = sum(m in later for m in alive) + len(reached)
         verdicts = Counter(review[m][0] for m in alive if m in review and m not in later)
