@@ -180,3 +180,26 @@ def test_the_commands_reach_the_switch_without_torch() -> None:
 
 def test_vit_imports_form_no_cycle() -> None:
     assert find_cycle(graph()) is None
+
+
+def test_callbacks_reach_the_module_through_fit_controls_only() -> None:
+    """What vit/train/callbacks/ use of the LightningModule they are handed: FitControls' methods
+    (vit/train/controls.py), the network and the class names, and Lightning's own API; nothing
+    else of ViTClassifier, so a change to it cannot silently break a callback."""
+    import lightning as L
+
+    from vit.train.controls import FitControls
+
+    allowed = set(dir(FitControls)) | set(dir(L.LightningModule)) | {"model", "class_names"}
+    used: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE / "train" / "callbacks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            base = node.value  # pl_module.X, or _scheduled(pl_module).X (TimeBudget's check)
+            if isinstance(base, ast.Call) and getattr(base.func, "id", None) == "_scheduled":
+                base = base.args[0]
+            if isinstance(base, ast.Name) and base.id == "pl_module":
+                used.setdefault(node.attr, set()).add(path.name)
+    assert {"schedule_on", "compiles_in_fit", "set_mix_prob", "model"} <= set(used)
+    assert {k: v for k, v in used.items() if k not in allowed} == {}

@@ -1,13 +1,12 @@
 """ViTClassifier: the LightningModule that trains a VisionTransformer: the network, the loss, the
 metrics and the steps. The optimizer is built by vit/train/optim.py, the schedule by
 vit/train/schedule.py. Behaviour that cuts across the steps lives in callbacks (vit/train/callbacks/),
-which this module does not import: they change it only through the methods below
-(schedule_on, plan_train_resolutions, set_train_resolution)."""
+which this module does not import: they change it only through the methods it inherits from
+FitControls (vit/train/controls.py)."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -17,16 +16,17 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities.enums import GradClipAlgorithmType
-from torch import Tensor, nn
-from torchmetrics.classification import MulticlassAccuracy
+from torch import Tensor
 
 from vit.data.augment import check_mix_args, mix_batch
 from vit.io.checkpoint import load_checkpoint
 from vit.io.migrate import is_old_layout, migrate_checkpoint, migrate_metric_states
 from vit.model.config import NetworkConfig
 from vit.system.hardware import check_cpp_compiler
+from vit.train.controls import FitControls
 from vit.train.evaluation import flip_averaged_logits
 from vit.train.finetune import start_from_weights
+from vit.train.metrics import accuracy_metrics
 from vit.train.optim import OptimizerConfig, build_optimizer, check_resume_layout
 from vit.train.resume import restore_rng_and_loss, save_rng_and_loss
 from vit.train.schedule import ScheduleConfig, lr_scheduler
@@ -36,7 +36,7 @@ Stage = Literal["train", "val", "test"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
-class ViTClassifier(L.LightningModule):
+class ViTClassifier(FitControls, L.LightningModule):
     """A VisionTransformer trained with cross-entropy: label smoothing, optional mixup/CutMix,
     top-1 and top-5 accuracy per stage. Plain values only, so that hparams.yaml is clean and
     `ViTClassifier.load_from_checkpoint(path)` works without the CLI.
@@ -92,37 +92,12 @@ class ViTClassifier(L.LightningModule):
                 "(torch.compile's modes; reduce-overhead adds CUDA graphs on a GPU)."
             )
         self.model = net.build()
-        self.train_side: int | None = None  # the training images' side, when not the full one
-        self.mix_prob = mix_prob  # the share of batches mixed now: a curriculum may change it
-        # the curricula's stages [(fraction of training, value)]: their shapes compile at fit start
-        self._planned_sides: list[tuple[float, int]] = []
-        self._planned_drops: list[tuple[float, float]] = []
-        self._progress: Callable[[], float] | None = None  # the schedule's clock, if not the steps
+        self._init_controls(mix_prob)
         # the epoch's mean training loss, kept here (not in Lightning's logger state) so that a
         # checkpoint saved mid-epoch holds it and a resumed epoch logs the same mean
         self.register_buffer("train_loss_sum", torch.zeros(()), persistent=False)
         self.register_buffer("train_loss_count", torch.zeros(()), persistent=False)
-        # One metric object per stage and k, so that states never mix (Lightning's advice).
-        # average="micro": the fraction of images right, as vit-evaluate and timm report it
-        # (torchmetrics' default, "macro", is the mean of the per-class accuracies).
-        num_classes = net.num_classes
-        self.top_ks = sorted({1, min(5, num_classes)})  # top-5, or top-k for fewer classes
-        self.metrics = nn.ModuleDict(
-            {
-                f"{stage}_acc{k}": MulticlassAccuracy(
-                    num_classes=num_classes,
-                    top_k=k,
-                    average="micro",
-                    # its label check (torch.unique) makes a GPU wait on every step; training
-                    # labels come from the data module, so only evaluation checks them
-                    validate_args=stage != "train",
-                )
-                for stage in ("train", "val", "test")
-                for k in self.top_ks
-            }
-        )
-        for metric in self.metrics.values():
-            metric.persistent(True)  # saved in checkpoints: a mid-epoch resume keeps its counts
+        self.top_ks, self.metrics = accuracy_metrics(net.num_classes)
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
@@ -152,52 +127,6 @@ class ViTClassifier(L.LightningModule):
         """The classes in label order: from the data, or "0", "1", ... where it gave none."""
         names = self.hparams.get("class_names")
         return list(names) if names else [str(i) for i in range(self.model.num_classes)]
-
-    @property
-    def compiles_in_fit(self) -> bool:
-        """Whether on_fit_start compiles the network or the augmentation (its first steps then
-        include compiling)."""
-        augment = getattr(getattr(self._trainer, "datamodule", None), "train_augment", None)
-        return bool(self.hparams.torch_compile or getattr(augment, "compiled", False))
-
-    def schedule_on(self, progress: Callable[[], float] | None) -> None:
-        """Run the learning-rate schedule on `progress()`, the fraction of training done in [0, 1]
-        (a wall-clock budget's: vit.train.callbacks.TimeBudget calls this at setup), instead of
-        on the optimizer steps; None: on the steps. Takes effect when the optimizers are built."""
-        self._progress = progress
-
-    def plan_train_resolutions(self, stages: Sequence[tuple[float, int]]) -> None:
-        """Check that each stage's training image side ([(fraction, side)]) is a positive multiple
-        of the patch, and let the network take those grids (VisionTransformer.set_dynamic_img_size): what a resolution
-        curriculum calls at setup, before any compile."""
-        patch = self.model.patch_embed.patch_size
-        for _, side in stages:
-            if side < patch or side % patch:
-                raise ValueError(
-                    f"side {side} is not a positive multiple of the patch size {patch}"
-                )
-        self.model.set_dynamic_img_size(True)
-        self._planned_sides = list(stages)
-
-    def plan_patch_drops(self, stages: Sequence[tuple[float, float]]) -> None:
-        """The patch-drop rates a curriculum will set, by stage: with torch_compile, each (side,
-        rate) that occurs is a shape that on_fit_start compiles before training starts."""
-        self._planned_drops = list(stages)
-
-    @property
-    def mixes_images(self) -> bool:
-        """Whether training mixes images (mixup_alpha or cutmix_alpha > 0)."""
-        return self.hparams.mixup_alpha > 0 or self.hparams.cutmix_alpha > 0
-
-    def set_mix_prob(self, prob: float) -> None:
-        """Mix this share of the training batches from the next step on (a curriculum's call)."""
-        check_mix_args(self.hparams.mixup_alpha, self.hparams.cutmix_alpha, prob)
-        self.mix_prob = prob
-
-    def set_train_resolution(self, side: int | None) -> None:
-        """Resize training images to side x side before the network from the next step on (None:
-        train at the data's size). Evaluation always runs at the full size."""
-        self.train_side = side
 
     def setup(self, stage: str) -> None:
         """Check that the data's classes match the head, and remember their names."""
