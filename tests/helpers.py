@@ -3,6 +3,7 @@ on the fly, the repository's paths. The pytest fixtures built on them live in co
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -93,6 +95,52 @@ def quiet_trainer(root: Path | None, **kwargs) -> L.Trainer:
         default_root_dir=root,
     )
     return L.Trainer(**{**quiet, **kwargs})
+
+
+class FakeClock:
+    """Advances `tick` seconds each time it is read: a deterministic stand-in for wall time."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+class GraphCount(L.Callback):
+    """The graphs dynamo has compiled so far, read when training starts and when it ends: a fit
+    that compiles everything before its first step (and its budget's clock) reads the same twice."""
+
+    def __init__(self) -> None:
+        self.graphs: list[int] = []
+
+    def _read(self, *_: object) -> None:
+        from torch._dynamo.utils import counters
+
+        self.graphs.append(counters["stats"]["unique_graphs"])
+
+    on_train_start = on_train_end = _read
+
+
+def compile_with_eager_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile (and so nn.Module.compile) with dynamo's eager backend, any mode dropped: the
+    graphs and guards inductor would get, no code generated and no C++ compiler asked for.
+    Dynamo's counts start from zero."""
+    from torch._dynamo.utils import counters
+
+    real = torch.compile
+
+    def compile_eagerly(model=None, **kwargs):  # noqa: ANN001, ANN202
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("mode", "backend")}
+        if model is None:  # used as a decorator factory
+            return functools.partial(compile_eagerly, **kwargs)
+        return real(model, backend="eager", **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_eagerly)
+    monkeypatch.setattr("vit.train.module.check_cpp_compiler", lambda: None)
+    torch._dynamo.reset()
+    counters.clear()
 
 
 # ---- data: tiny image-folder trees, archives and CIFAR-10 releases written on the fly ----------

@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.helpers import quiet_trainer, random_loader, tiny_classifier
+from tests.helpers import FakeClock, quiet_trainer, random_loader, tiny_classifier
 from vit.train.callbacks.budget import TimeBudget, fit_progress
 from vit.train.callbacks.checkpointing import FiniteLoss
 from vit.train.callbacks.curricula import MixSchedule, PatchDropSchedule, ResolutionSchedule
@@ -27,17 +27,6 @@ DROP_EXAMPLE = (
     "e.g. [[0, 0], [0.5, 0.5], [0.85, 0]]: every patch token until 50% of training, half of "
     "them (drawn per image) until 85%, then every token again"
 )
-
-
-class FakeClock:
-    """Advances `tick` seconds each time it is read: a deterministic stand-in for wall time."""
-
-    def __init__(self, tick: float) -> None:
-        self.now, self.tick = 0.0, tick
-
-    def __call__(self) -> float:
-        self.now += self.tick
-        return self.now
 
 
 class RecordLR(L.Callback):

@@ -5,22 +5,33 @@ scripts/gpu/run_gpu8.sh --dry-run does; and that script is valid bash."""
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 from dataclasses import fields
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 
-from tests.helpers import REPO
+from tests.helpers import (
+    REPO,
+    FakeClock,
+    GraphCount,
+    compile_with_eager_backend,
+    quiet_trainer,
+    random_loader,
+    tiny_classifier,
+)
 from vit.commands.train import train_main
 from vit.io.checkpoint import load_checkpoint
 from vit.model.config import NetworkConfig
+from vit.train.module import ViTClassifier
 
 GPU8 = REPO / "experiments" / "gpu8.yaml"
 SCRIPT = REPO / "scripts" / "gpu" / "run_gpu8.sh"
-BUDGET_MIN = 0.25  # 15 s of training: the first steps alone can take seconds on a busy CPU
+BUDGET_MIN = 0.25  # 15 s on a fake clock that reads 0.5 s later each time: about 12 steps
 
 
 def callback_args(config: dict, name: str) -> list[dict]:
@@ -57,24 +68,33 @@ def test_gpu8_keeps_the_issue_constraints() -> None:
     assert text.splitlines().index(header) <= 10, "the header is at most 10 lines"
 
 
+@pytest.mark.compiles
 def test_gpu8_runs_end_to_end_on_the_cpu(make_image_tree, tmp_path: Path, monkeypatch) -> None:
     """The recipe as written (its network, Muon, EMA, Mixup/CutMix on a schedule, the time-budget
-    schedule, TrivialAugment as the loader gathers batches) under a 15-s budget on a tiny 3-class tree."""
+    schedule, the split on the device, the compiled network and augmentation) under a 15-s
+    budget on a tiny 3-class tree, compiled with dynamo's eager backend (inductor's graphs and
+    guards, no code generated): every graph is compiled before training starts, so none is
+    compiled on the budget's clock, through the steps, the Mixup/CutMix switch and validation.
+    The budget's clock is fake (0.5 s a reading), so the steps it holds do not depend on how long
+    this machine takes to compile."""
     data = make_image_tree(tmp_path / "data", train_per_class=30)  # 90 train images
+    monkeypatch.setattr(
+        "vit.train.callbacks.budget.time", SimpleNamespace(monotonic=FakeClock(0.5))
+    )
+    compile_with_eager_backend(monkeypatch)
+    count = GraphCount()  # read by the module's hooks: the CLI builds the callbacks
+    monkeypatch.setattr(ViTClassifier, "on_train_start", count._read, raising=False)
+    monkeypatch.setattr(ViTClassifier, "on_train_end", count._read, raising=False)
     monkeypatch.chdir(tmp_path)  # the YAML's loggers write to ./runs
-    # one thread: on two cores shared with other work, OpenMP's spinning threads made single
-    # steps take seconds, so that the last step began half-way through the budget
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # on two cores shared with other work, OpenMP's threads spin
     try:
         train_main(
             [
                 "fit",
                 "-c",
                 str(GPU8),
-                # what a CPU needs: no compiler run, float32, a short budget, small data
-                "--model.torch_compile=false",
-                "--data.compile_augment=false",
+                # what a CPU needs: float32, a short budget, small data
                 "--trainer.precision=32-true",
                 f"--trainer.callbacks.init_args.minutes={BUDGET_MIN}",
                 f"--data.data_dir={data}",
@@ -102,8 +122,40 @@ def test_gpu8_runs_end_to_end_on_the_cpu(make_image_tree, tmp_path: Path, monkey
     assert max(lrs) > 0.5 * peak  # warmed up
     assert lrs[-1] < 0.1 * peak  # and decayed to about zero when the budget ran out
     assert any(r.get("val/acc") for r in rows)
+    assert count.graphs[0] > 0 and count.graphs[1] == count.graphs[0]  # none on the clock
 
 
 @pytest.mark.skipif(not SCRIPT.is_file(), reason="no run_gpu8.sh")
 def test_run_gpu8_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+@pytest.mark.parametrize(("min_img_s", "stops"), [(100.0, True), (10.0, False)])
+def test_slow_fit_guard_stops_a_loop_below_its_floor_once(
+    tmp_path: Path, min_img_s: float, stops: bool
+) -> None:
+    """scripts/gpu/slow_fit_guard.py: batches of 16 at one second a step are 16 img/s, counted
+    from the end of the first step; below the floor the fit stops at the check and says what it
+    saw."""
+    from scripts.gpu.slow_fit_guard import SlowFitGuard
+
+    marker = tmp_path / "slow.json"
+    guard = SlowFitGuard(min_img_s=min_img_s, marker=str(marker), after_s=3.0)
+    guard.clock = FakeClock(1.0)
+    trainer = quiet_trainer(tmp_path, max_epochs=3, callbacks=[guard])
+    trainer.fit(tiny_classifier(), random_loader(64))  # 4 steps an epoch
+    if stops:  # steps 2-4 end at 1, 2, 3 s after step 1: 48 images in 3 s
+        assert trainer.global_step == 4
+        assert json.loads(marker.read_text()) == {
+            "img_s": 16.0, "min_img_s": 100.0, "seconds": 3.0, "step": 4
+        }  # fmt: skip
+    else:
+        assert trainer.global_step == 12 and not marker.exists()
+
+
+def test_slow_fit_guard_refuses_a_floor_or_wait_that_is_not_positive() -> None:
+    from scripts.gpu.slow_fit_guard import SlowFitGuard
+
+    for bad in ({"min_img_s": 0.0}, {"min_img_s": 10.0, "after_s": -1.0}):
+        with pytest.raises(ValueError, match="must be positive"):
+            SlowFitGuard(marker="slow.json", **{"min_img_s": 1.0, **bad})

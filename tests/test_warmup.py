@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
-from tests.helpers import TINY, quiet_trainer, tiny_classifier, tiny_datamodule
+from tests.helpers import (
+    TINY,
+    GraphCount,
+    compile_with_eager_backend,
+    quiet_trainer,
+    tiny_classifier,
+    tiny_datamodule,
+)
 from vit.model.vision_transformer import VisionTransformer
 from vit.train.callbacks.curricula import PatchDropSchedule, ResolutionSchedule
 from vit.train.warmup import compile_planned_shapes, stage_pairs
@@ -45,20 +50,8 @@ def test_a_compiled_fit_meets_no_new_shape_after_it_starts(
     """A fit with both curricula: the graphs compiled by the time training starts are all the
     graphs it compiles (dynamo's count does not grow during the steps or the validation). With
     dynamo's eager backend: the same graphs and guards as inductor's, without code generation."""
-    from torch._dynamo.utils import counters
-
-    class Count(L.Callback):
-        def __init__(self) -> None:
-            self.graphs: list[int] = []
-
-        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            self.graphs.append(counters["stats"]["unique_graphs"])
-
-        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            self.graphs.append(counters["stats"]["unique_graphs"])
-
-    torch._dynamo.reset()
-    count = Count()
+    compile_with_eager_backend(monkeypatch)
+    count = GraphCount()
     curricula = [
         ResolutionSchedule(stages=[[0, 16], [0.5, 32]]),
         PatchDropSchedule(stages=[[0, 0.0], [0.5, 0.5]]),
@@ -67,11 +60,6 @@ def test_a_compiled_fit_meets_no_new_shape_after_it_starts(
         None, accelerator="cpu", max_epochs=2, num_sanity_val_steps=0, callbacks=[*curricula, count]
     )
     module = tiny_classifier(torch_compile=True, network={"num_classes": 3})
-    net = module.model
-    monkeypatch.setattr(
-        net, "compile", lambda **kw: type(net).compile(net, backend="eager", dynamic=False)
-    )
-    monkeypatch.setattr("vit.train.module.check_cpp_compiler", lambda: None)
     trainer.fit(module, datamodule=tiny_datamodule(image_tree))  # 30 images: 3 steps an epoch
     assert count.graphs[0] > 0 and count.graphs[1] == count.graphs[0]
 
@@ -84,24 +72,10 @@ def test_a_compiled_augmentation_meets_no_new_batch_size_after_the_fit_starts(
     """compile_augment: the augmentation's graphs (full batches, and without drop_last the last
     partial one) are compiled at fit start, with the network eager and no compiler asked of the
     CPU beyond dynamo (the eager backend)."""
-    from torch._dynamo.utils import counters
-
-    compile_eagerly = functools.partial(torch.compile, backend="eager")
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_eagerly(fn, **kw))
-    monkeypatch.setattr("vit.train.module.check_cpp_compiler", lambda: None)
-    graphs: list[int] = []
-
-    class Count(L.Callback):
-        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            graphs.append(counters["stats"]["unique_graphs"])
-
-        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            graphs.append(counters["stats"]["unique_graphs"])
-
-    torch._dynamo.reset()
-    counters.clear()
+    compile_with_eager_backend(monkeypatch)
+    count = GraphCount()
     trainer = quiet_trainer(
-        None, accelerator="cpu", max_epochs=2, num_sanity_val_steps=0, callbacks=[Count()]
+        None, accelerator="cpu", max_epochs=2, num_sanity_val_steps=0, callbacks=[count]
     )
     module = tiny_classifier(network={"num_classes": 3})
     # 30 training images in batches of 8: three full batches and, without drop_last, one of 6
@@ -109,7 +83,7 @@ def test_a_compiled_augmentation_meets_no_new_batch_size_after_the_fit_starts(
     assert module.compiles_in_fit is False  # outside a fit: no data module to ask
     trainer.fit(module, datamodule=dm)
     assert module.compiles_in_fit  # the budget's clock then leaves the first step's compile out
-    assert graphs[0] > 0 and graphs[1] == graphs[0]  # nothing compiled once training ran
+    assert count.graphs[0] > 0 and count.graphs[1] == count.graphs[0]  # none once training ran
 
 
 def test_stage_pairs_are_the_shapes_the_curricula_make_together() -> None:

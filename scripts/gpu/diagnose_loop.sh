@@ -6,6 +6,8 @@
 #   on the device:  bash scripts/gpu/diagnose_loop.sh   (run: timeout_s 600, carry .whl .devdata)
 #   here, plumbing: bash scripts/gpu/diagnose_loop.sh --dry-run   (CPU, tiny, ~3 min)
 # $OUT gets log.txt and diagnose.json (per variant: steps, img/s over the fit, between logs).
+# VARIANTS picks some, in order; DEADLINE (epoch seconds) skips those that could not end by then
+# (run_gpu8.sh calls it so when its guard stops a slow fit).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 MODE=${1:-run}
@@ -18,8 +20,11 @@ if [[ $MODE == --dry-run ]]; then
 fi
 : "${OUT:?set OUT to the folder the result files go to}"
 WORK=$(mktemp -d /tmp/diagnose.XXXX)
+mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
-if [[ $MODE == run ]] && compgen -G "$REPO/.whl/*.whl" >/dev/null; then
+# the wheels, unless a caller (run_gpu8.sh) has them on PYTHONPATH already
+if [[ $MODE == run ]] && compgen -G "$REPO/.whl/*.whl" >/dev/null &&
+  ! $PY -c "import jsonargparse" 2>/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$REPO"/.whl/*.whl
   export PYTHONPATH=/tmp/site
 fi
@@ -51,7 +56,15 @@ declare -A VARIANT=(
   [no-ema-no-mix]="-c $WORK/no-ema-mix.yaml"
 )
 LIMIT_S=$($PY -c "print(int($MINUTES * 60 + 120))")  # the fit's budget, start-up and last save
-for name in as-is no-cuda-graphs no-device-data no-ema-no-mix; do
+NEED_S=$($PY -c "print(int($MINUTES * 60 + 40))")  # what a variant takes when nothing stalls
+DEADLINE=${DEADLINE:-0}
+for name in ${VARIANTS:-as-is no-cuda-graphs no-device-data no-ema-no-mix}; do
+  [[ -v "VARIANT[$name]" ]] || { echo "unknown variant $name: ${!VARIANT[*]}" >&2; exit 2; }
+  if ((DEADLINE)); then
+    left=$((DEADLINE - $(date +%s)))
+    if ((left < NEED_S)); then echo "=== $name: skipped, $left s left"; continue; fi
+    ((left < LIMIT_S)) && LIMIT_S=$left
+  fi
   echo "=== $name: ${VARIANT[$name]}"
   # shellcheck disable=SC2086  # the variant's words are separate arguments
   mkdir -p "$WORK/$name"

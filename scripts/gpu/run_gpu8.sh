@@ -6,7 +6,11 @@
 #   on the device:            SEED=0 MINUTES=7.5 bash scripts/gpu/run_gpu8.sh  (run: timeout_s 600,
 #                             carry [".whl", ".devdata"]); PROBE_S=60 first probes the bare step
 #                             (then MINUTES=6.5 keeps the call under 600 s)
-#   here, the plumbing only:  bash scripts/gpu/run_gpu8.sh --dry-run   (CPU, tiny, ~1.5 min)
+#   here, the plumbing only:  bash scripts/gpu/run_gpu8.sh --dry-run   (CPU, tiny, ~1.5 min;
+#                             GUARD_FLOOR=1000 GUARD_AFTER_S=1 PROBE_S=6 adds the guard's path)
+# With a probe, a fit whose loop runs under GUARD_FLOOR (0.25) of the probed step stops after
+# GUARD_AFTER_S (60 s; scripts/gpu/slow_fit_guard.py), and diagnose_loop.sh's variants fill the
+# time left: their img/s land in summary.json.
 # The device's python3 has torch, lightning, torchmetrics, einops, tensorboard and matplotlib, but
 # not jsonargparse (nor docstring_parser, typeshed_client): those travel as wheels in .whl/.
 # $OUT gets 8 files (the device returns at most 8): log.txt, device.txt (nvidia-smi, versions),
@@ -98,7 +102,25 @@ if [[ $PROBE_S != 0 ]]; then
   timeout -k 5 $((PROBE_S + 60)) $PY "$REPO/scripts/gpu/probe.py" "${PROBE_ARGS[@]}" || true
 fi
 
-stamp "fit: $CARD, seed $SEED, budget $MINUTES min, killed after $FIT_S s"
+# a loop far below the bare step (the first H100 fit: 67x) stops after a minute, and the call's
+# time left goes to diagnose_loop.sh's variants; GUARD_FLOOR=0: no guard
+GUARD_FLOOR=${GUARD_FLOOR:-0.25}  # the share of probe.py's whole step worth finishing
+GUARD_AFTER_S=${GUARD_AFTER_S:-60}
+MIN_IMG_S=""
+if [[ -f $WORK/probe.json && $GUARD_FLOOR != 0 ]]; then
+  MIN_IMG_S=$($PY -c "import json, sys; p = json.load(open(sys.argv[1])); \
+print(round($GUARD_FLOOR * p['+ augment + EMA']['img_s']))" "$WORK/probe.json" || true)
+fi
+if [[ -n $MIN_IMG_S ]]; then  # after every --trainer.callbacks.init_args override of the budget
+  export PYTHONPATH=$PYTHONPATH:$REPO/scripts/gpu  # by module name: no package "scripts" to find
+  ARGS+=(--trainer.callbacks+=slow_fit_guard.SlowFitGuard
+    --trainer.callbacks.init_args.min_img_s "$MIN_IMG_S"
+    --trainer.callbacks.init_args.marker "$WORK/slow.json"
+    --trainer.callbacks.init_args.after_s "$GUARD_AFTER_S")
+fi
+
+stamp "fit: $CARD, seed $SEED, budget $MINUTES min, killed after $FIT_S s\
+${MIN_IMG_S:+, stopped at a loop under $MIN_IMG_S img/s}"
 (while sleep 30; do cp "$WORK"/runs/gpu8/version_0/metrics.csv "$OUT/" 2>/dev/null || true; done) &
 COPIER=$!
 FIT_RC=0
@@ -116,10 +138,21 @@ timeout -k 5 40 $PY -c "from vit.commands.entry import evaluate; evaluate()" "$C
 cp "$WORK/test/metrics_test.json" "$OUT/" || true
 stamp "evaluate ($CKPT), exit $EVAL_RC"
 
+DIAG=()
+if [[ -f $WORK/slow.json ]]; then  # the guard stopped the fit: why is the loop slow?
+  stamp "the guard stopped the fit: $(cat "$WORK/slow.json"); diagnose_loop.sh in the time left"
+  DIAG_ARGS=(); [[ $MODE == --dry-run ]] && DIAG_ARGS=(--dry-run)
+  # each variant starts only if it can end by the deadline: the call's 600 s less the files' 25
+  DEADLINE=$((T0 + ${CALL_S:-590} - 25)) VARIANTS="no-cuda-graphs no-device-data no-ema-no-mix" \
+    MINUTES=${DIAG_MINUTES:-1.5} OUT=$WORK/diagnose PYTHON=$PY \
+    bash "$REPO/scripts/gpu/diagnose_loop.sh" "${DIAG_ARGS[@]}" || true
+  DIAG=(--attach "slow_fit_guard=$WORK/slow.json" --attach "diagnose=$WORK/diagnose/diagnose.json")
+fi
+
 $PY "$REPO/scripts/plot_curve.py" "$RUN" --labels "gpu8.yaml, $CARD, seed $SEED" \
   --title "gpu8.yaml: val/acc in an $MINUTES-minute fit" --out "$OUT/curve.png" || true
 $PY "$REPO/scripts/gpu/summary.py" "$RUN" --test "$OUT/metrics_test.json" --card "$CARD" \
-  --fit-exit "$FIT_RC" --probe "$WORK/probe.json" --out "$OUT/summary.json" || true
+  --fit-exit "$FIT_RC" --probe "$WORK/probe.json" ${DIAG[@]+"${DIAG[@]}"} --out "$OUT/summary.json" || true
 stamp end
 ls -l "$OUT"
 [[ $FIT_RC == 0 && $EVAL_RC == 0 ]]

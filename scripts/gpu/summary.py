@@ -102,11 +102,25 @@ def main() -> None:
     p.add_argument("--card", default="")
     p.add_argument("--fit-exit", type=int, default=0)
     p.add_argument("--probe", type=Path, default=None, help="scripts/gpu/probe.py's --out, if run")
+    p.add_argument(
+        "--attach",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="a JSON file to hold under NAME, if it exists (the device returns at most 8 files)",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     summary = summarize(args.run, args.test, args.card, args.fit_exit)
-    if args.probe is not None and args.probe.is_file():  # the bare step beside the fit's
-        summary["probe"] = json.loads(args.probe.read_text())
+    attached = [("probe", args.probe)] if args.probe is not None else []  # the bare step
+    for item in args.attach:
+        name, sep, path = item.partition("=")
+        if not (name and sep and path):
+            p.error(f"--attach {item!r}: expected NAME=PATH, e.g. diagnose=diagnose.json")
+        attached.append((name, Path(path)))
+    for name, path in attached:
+        if path.is_file():
+            summary[name] = json.loads(path.read_text())
     args.out.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 

@@ -1,0 +1,72 @@
+"""SlowFitGuard: stop a fit early when its loop runs far below the bare step, so that a scarce
+GPU call spends its remaining minutes finding out why (scripts/gpu/run_gpu8.sh runs
+scripts/gpu/diagnose_loop.sh's variants then) instead of finishing a fit that cannot reach its
+target. Added on the command line after the recipe's callbacks:
+
+    PYTHONPATH=scripts/gpu vit-train fit -c experiments/gpu8.yaml ... \
+        --trainer.callbacks+=slow_fit_guard.SlowFitGuard \
+        --trainer.callbacks.init_args.min_img_s 6000 --trainer.callbacks.init_args.marker slow.json
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+class SlowFitGuard(L.Callback):
+    """Once, `after_s` seconds after the first training step ended (its compile and CUDA-graph
+    recording behind it), compare the images per second trained since then with `min_img_s`;
+    below it, write what was seen to `marker` (JSON) and stop the fit (Lightning validates and
+    saves as at any stop). No device sync: over a minute the queue's lag is noise.
+
+    Args:
+        min_img_s: The slowest loop worth finishing, in training images per second.
+        marker: The JSON file written when the guard stops the fit.
+        after_s: Seconds of training, from the end of the first step, before the one check.
+    """
+
+    def __init__(self, *, min_img_s: float, marker: str, after_s: float = 60.0) -> None:
+        if not min_img_s > 0 or not after_s > 0:
+            raise ValueError(
+                f"SlowFitGuard min_img_s={min_img_s} and after_s={after_s} must be positive."
+            )
+        self.min_img_s, self.marker, self.after_s = min_img_s, Path(marker), after_s
+        self.clock = time.monotonic  # tests replace it with a fake clock
+        self._since: float | None = None
+        self._images = 0
+        self._checked = False
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
+    ) -> None:
+        if self._checked:
+            return
+        if self._since is None:  # the first step: compiles and recordings, not the loop
+            self._since = self.clock()
+            return
+        labels = batch[1] if isinstance(batch, (tuple, list)) else batch
+        self._images += len(labels) * trainer.world_size
+        seconds = self.clock() - self._since
+        if seconds < self.after_s:
+            return
+        self._checked = True
+        img_s = self._images / seconds
+        if img_s >= self.min_img_s:
+            return
+        seen = {
+            "img_s": round(img_s, 1),
+            "min_img_s": self.min_img_s,
+            "seconds": round(seconds, 1),
+            "step": trainer.global_step,
+        }
+        if trainer.is_global_zero:
+            self.marker.parent.mkdir(parents=True, exist_ok=True)
+            self.marker.write_text(json.dumps(seen) + "\n")
+        rank_zero_warn(f"SlowFitGuard: the loop ran {img_s:.0f} img/s < {self.min_img_s}: stopping")
+        trainer.should_stop = True
