@@ -41,8 +41,7 @@ def default_eval_dir(checkpoint: Path) -> Path:
     return checkpoint.parent.parent / "eval"
 
 
-def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
-    """What `vit-evaluate` does; returns the metrics it printed and wrote."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vit-evaluate",
         description="Top-1, top-5 and per-class accuracy of a checkpoint, written as JSON, with a "
@@ -89,7 +88,12 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         help="where metrics.json and confusion_matrix.png go (default: an eval/ folder beside "
         "the checkpoint; eval/NAME for shipped weights)",
     )
-    ns = parser.parse_args(argv)
+    return parser
+
+
+def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
+    """What `vit-evaluate` does; returns the metrics it printed and wrote."""
+    ns = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     device = resolve_device(ns.device)  # before the checkpoint loads: a typo fails at once
@@ -128,17 +132,21 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     )
 
     out = ns.output_dir or default_eval_dir(ns.checkpoint)
+    stem = ns.split if ns.weights is None else f"{ns.split}_{ns.weights}"  # one file per choice
+    _write(result, out, stem, classes)
+    return result
+
+
+def _write(result: dict[str, Any], out: Path, stem: str, classes: list[str]) -> None:
+    """metrics_STEM.json and confusion_matrix_STEM.png under `out`; the metrics printed."""
     out.mkdir(parents=True, exist_ok=True)
     from vit.maps.plots import plot_confusion_matrix, save_figure  # matplotlib only for figures
 
-    confusion = result.pop("confusion_matrix")
-    fig = plot_confusion_matrix(
-        torch.tensor(confusion), classes=classes, title=f"{ns.split}: top-1 {result['top1']:.2%}"
-    )
-    stem = ns.split if ns.weights is None else f"{ns.split}_{ns.weights}"  # one file per choice
+    confusion = result.pop("confusion_matrix")  # back at the end: the JSON's last, long entry
+    title = f"{result['split']}: top-1 {result['top1']:.2%}"
+    fig = plot_confusion_matrix(torch.tensor(confusion), classes=classes, title=title)
     save_figure(fig, out / f"confusion_matrix_{stem}.png", dpi=120, bbox_inches="tight")
     result["confusion_matrix"] = confusion
     (out / f"metrics_{stem}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "confusion_matrix"}, indent=2))
     print(f"wrote {out / f'metrics_{stem}.json'} and {out / f'confusion_matrix_{stem}.png'}")
-    return result
