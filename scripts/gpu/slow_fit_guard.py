@@ -16,14 +16,46 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
+
+
+def compile_stats() -> dict[str, Any]:
+    """What the compiler has done so far in this process: dynamo's graphs and graph breaks, and on
+    a GPU the CUDA-graph trees' recordings, re-recordings, skips and allocator checkpoints. Read
+    at the first step and at the check, the difference says whether the loop keeps compiling or
+    recording (the first H100 fit's suspect). torch internals: best effort."""
+    from torch._dynamo.utils import counters
+
+    stats: dict[str, Any] = {
+        "dynamo_graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+    }
+    if not torch.cuda.is_available():
+        return stats
+    try:
+        from torch._inductor import cudagraph_trees
+
+        manager = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
+        if manager is not None:
+            stats |= {
+                "cudagraph_functions": len(manager.ids_to_funcs),
+                "cudagraphs_recorded": int(repr(manager.graph_counter)[6:-1]),  # count(N)
+                "cudagraph_rerecords": sum(sum(f.values()) for f in manager.num_rerecord.values()),
+                "allocator_checkpoints": manager.debug_checkpointing_counter,
+            }
+    except Exception as err:  # noqa: BLE001  (internals move between torch versions)
+        stats["cudagraph_trees_error"] = repr(err)
+    return stats
 
 
 class SlowFitGuard(L.Callback):
     """Once, `after_s` seconds after the first training step ended (its compile and CUDA-graph
     recording behind it), compare the images per second trained since then with `min_img_s`;
-    below it, write what was seen to `marker` (JSON) and stop the fit (Lightning validates and
-    saves as at any stop). No device sync: over a minute the queue's lag is noise.
+    below it, write what was seen to `marker` (JSON: the rate, and the compiler's counts at the
+    first step and at the check) and stop the fit (Lightning validates and saves as at any
+    stop). No device sync: over a minute the queue's lag is noise.
 
     Args:
         min_img_s: The slowest loop worth finishing, in training images per second.
@@ -39,6 +71,7 @@ class SlowFitGuard(L.Callback):
         self.min_img_s, self.marker, self.after_s = min_img_s, Path(marker), after_s
         self.clock = time.monotonic  # tests replace it with a fake clock
         self._since: float | None = None
+        self._at_first_step: dict[str, Any] = {}
         self._images = 0
         self._checked = False
 
@@ -48,7 +81,7 @@ class SlowFitGuard(L.Callback):
         if self._checked:
             return
         if self._since is None:  # the first step: compiles and recordings, not the loop
-            self._since = self.clock()
+            self._since, self._at_first_step = self.clock(), compile_stats()
             return
         labels = batch[1] if isinstance(batch, (tuple, list)) else batch
         self._images += len(labels) * trainer.world_size
@@ -64,6 +97,8 @@ class SlowFitGuard(L.Callback):
             "min_img_s": self.min_img_s,
             "seconds": round(seconds, 1),
             "step": trainer.global_step,
+            "compiler_at_first_step": self._at_first_step,
+            "compiler_at_check": compile_stats(),
         }
         if trainer.is_global_zero:
             self.marker.parent.mkdir(parents=True, exist_ok=True)
