@@ -13,6 +13,9 @@ machine, so it can be measured here and compared before and after a change.
 The augmentation runs as on a GPU: every op on the whole batch, eager, or compiled where the
 config sets data.compile_augment. A compiled graph's fused loops are no aten ops: their count
 (inductor's generated kernels, about one GPU launch each) is added to the phase's aten ops.
+With --compile-model and a recipe whose compile_mode is reduce-overhead, the step is also
+counted as a GPU fit launches it: the network's forward and backward graphs one CUDA-graph
+replay each, everything outside them as counted.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from vit.train.module import ViTClassifier  # noqa: E402
 from vit.train.optim import build_optimizer  # noqa: E402
 
 PHASES = ("augment", "forward+loss", "backward", "optimizer", "ema")
+NETWORK_PHASES = ("forward+loss", "backward")  # the compiled network's: CUDA graphs on a GPU
 
 
 def build(config: dict, batch: int, augment_way: str = "config") -> tuple:
@@ -87,6 +91,29 @@ def augmented(augment: TrainAugment, way: str, images: torch.Tensor) -> torch.Te
     return augment(images, generator=gen)  # grouped on a CPU; compiled: one graph
 
 
+GRAPH_CALL = "## Call CompiledFxGraph"  # the profiler's range around a compiled graph's run
+
+
+def top_level_ops(events: list) -> tuple[Counter, Counter, int]:
+    """A phase's top-level aten ops (a foreach op counts once, as on a GPU, where it is one
+    multi-tensor kernel; on a CPU it runs per tensor underneath), split into those dispatched
+    outside any compiled graph and those a compiled graph's code dispatches (its extern kernels:
+    matrix products, attention), and the number of compiled-graph runs: under CUDA graphs each
+    run is one replay, whatever it holds."""
+    outside, inside = Counter(), Counter()
+    calls = 0
+    for e in events:
+        if e.name.startswith(GRAPH_CALL):
+            calls += 1
+        parent = e.cpu_parent
+        if not e.name.startswith("aten::") or (parent and parent.name.startswith("aten::")):
+            continue
+        while parent is not None and not parent.name.startswith(GRAPH_CALL):
+            parent = parent.cpu_parent
+        (outside if parent is None else inside)[e.name] += 1
+    return outside, inside, calls
+
+
 def step(parts: tuple, record: dict[str, Counter], compiled: dict[str, int]) -> None:
     """One training step, each phase's top-level aten ops counted into `record`, and the kernels
     inductor generates for a phase into `compiled` (in the first step, where it compiles)."""
@@ -99,16 +126,13 @@ def step(parts: tuple, record: dict[str, Counter], compiled: dict[str, int]) -> 
             out = run()
         if made := metrics.generated_kernel_count - kernels_before:
             compiled[name] = made  # each generated kernel runs once per call of its graph
-        # top-level ops only: what the step dispatches (a foreach op counts once, as on a GPU,
-        # where it is one multi-tensor kernel; on a CPU it runs per tensor underneath)
-        record[name] = Counter(
-            e.name
-            for e in prof.events()
-            if e.name.startswith("aten::")
-            and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
-        )
+        outside, inside, calls = top_level_ops(prof.events())
+        record[name] = outside + inside
         if compiled.get(name):
             record[name]["inductor kernels"] = compiled[name]
+        # on a GPU under CUDA graphs (the network's compile_mode reduce-overhead): the ops
+        # outside its graphs, and one replay per graph run
+        record[f"{name} (CUDA graphs)"] = outside + Counter({"graph replays": calls})
         return out
 
     x = phase("augment", lambda: preprocess(augmented(augment, way, images)))
@@ -141,7 +165,8 @@ def main() -> int:
     )
     ns = p.parse_args()
     torch.manual_seed(0)
-    parts = build(yaml.safe_load(ns.config.read_text()), ns.batch, ns.augment)
+    config = yaml.safe_load(ns.config.read_text())
+    parts = build(config, ns.batch, ns.augment)
     module, way = parts[0], parts[3][1]
     if ns.compile_model:
         module.model.compile(dynamic=False)
@@ -157,6 +182,11 @@ def main() -> int:
     for name in (*PHASES, "step"):
         top = ", ".join(f"{k} {v}" for k, v in record.get(name, Counter()).most_common(4))
         print(f"{name:>13}: {totals[name]:6d} aten ops" + (f"  ({top})" if top else ""))
+    graphed = None  # the network's graphs as replays: what a GPU fit's launches come to
+    if ns.compile_model and config["model"].get("compile_mode") == "reduce-overhead":
+        network = {n: sum(record[f"{n} (CUDA graphs)"].values()) for n in NETWORK_PHASES}
+        graphed = totals["step"] + sum(network[n] - totals[n] for n in NETWORK_PHASES)
+        print(f"with CUDA graphs: {graphed} ({', '.join(f'{n} {v}' for n, v in network.items())})")
     if ns.out:
         row = {
             "date": str(datetime.date.today()),
@@ -167,6 +197,7 @@ def main() -> int:
             "compiled_model": ns.compile_model,
             "torch": torch.__version__,
             **totals,
+            "step_cuda_graphs": graphed,
         }
         rows_path = ns.out.with_suffix(".json")
         rows = json.loads(rows_path.read_text()) if rows_path.exists() else []
@@ -182,15 +213,21 @@ def main() -> int:
             "as on a GPU), one step after a warm-up step; the counts do not depend on the CPU. "
             "Rows from 2026-11-28 on augment as on a GPU (every op on the whole batch; compiled: "
             "aten ops plus inductor's generated kernels, about one launch each); earlier rows "
-            "augmented as on a CPU (each op on the images that drew it).",
+            "augmented as on a CPU (each op on the images that drew it). *With CUDA graphs*: "
+            "where the network is compiled and the recipe's compile_mode is reduce-overhead, "
+            "the step's ops with the network's forward and backward graphs counted as one "
+            "replay each (their kernels and extern products inside them), as a GPU fit runs "
+            "them; the other phases as counted.",
             "",
-            "| date | what | config | batch | " + " | ".join(PHASES) + " | step |",
-            "|---|---|---|---|" + "---|" * (len(PHASES) + 1),
+            "| date | what | config | batch | "
+            + " | ".join(PHASES)
+            + " | step | with CUDA graphs |",
+            "|---|---|---|---|" + "---|" * (len(PHASES) + 2),
         ]
         lines += [
             f"| {r['date']} | {r['label']} | `{r['config']}` | {r['batch']} | "
             + " | ".join(str(r[k]) for k in PHASES)
-            + f" | {r['step']} |"
+            + f" | {r['step']} | {r.get('step_cuda_graphs') or '-'} |"
             for r in rows
         ]
         ns.out.write_text("\n".join(lines) + "\n")
