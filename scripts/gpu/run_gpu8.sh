@@ -109,18 +109,19 @@ GUARD_AFTER_S=${GUARD_AFTER_S:-60}
 MIN_IMG_S=""
 if [[ -f $WORK/probe.json && $GUARD_FLOOR != 0 ]]; then
   MIN_IMG_S=$($PY -c "import json, sys; p = json.load(open(sys.argv[1])); \
-print(round($GUARD_FLOOR * p['+ augment + EMA']['img_s']))" "$WORK/probe.json" || true)
+print(max(1, round($GUARD_FLOOR * p['+ augment + EMA']['img_s'])))" "$WORK/probe.json" || true)
 fi
 if [[ -n $MIN_IMG_S ]]; then  # after every --trainer.callbacks.init_args override of the budget
   export PYTHONPATH=$PYTHONPATH:$REPO/scripts/gpu  # by module name: no package "scripts" to find
   ARGS+=(--trainer.callbacks+=slow_fit_guard.SlowFitGuard
     --trainer.callbacks.init_args.min_img_s "$MIN_IMG_S"
     --trainer.callbacks.init_args.marker "$WORK/slow.json"
-    --trainer.callbacks.init_args.after_s "$GUARD_AFTER_S")
+    --trainer.callbacks.init_args.after_s "$GUARD_AFTER_S"
+    --trainer.callbacks.init_args.report "$WORK/loop_check.json")
 fi
 
 stamp "fit: $CARD, seed $SEED, budget $MINUTES min, killed after $FIT_S s\
-${MIN_IMG_S:+, stopped at a loop under $MIN_IMG_S img/s}"
+${MIN_IMG_S:+, stopped if its loop runs under $MIN_IMG_S img/s}"
 (while sleep 30; do cp "$WORK"/runs/gpu8/version_0/metrics.csv "$OUT/" 2>/dev/null || true; done) &
 COPIER=$!
 FIT_RC=0
@@ -138,7 +139,7 @@ timeout -k 5 40 $PY -c "from vit.commands.entry import evaluate; evaluate()" "$C
 cp "$WORK/test/metrics_test.json" "$OUT/" || true
 stamp "evaluate ($CKPT), exit $EVAL_RC"
 
-DIAG=()
+DIAG=(--attach "loop_check=$WORK/loop_check.json")  # the guard's check, if it got that far
 if [[ -f $WORK/slow.json ]]; then  # the guard stopped the fit: why is the loop slow?
   stamp "the guard stopped the fit: $(cat "$WORK/slow.json"); diagnose_loop.sh in the time left"
   DIAG_ARGS=(); [[ $MODE == --dry-run ]] && DIAG_ARGS=(--dry-run)
@@ -146,13 +147,13 @@ if [[ -f $WORK/slow.json ]]; then  # the guard stopped the fit: why is the loop 
   DEADLINE=$((T0 + ${CALL_S:-590} - 25)) VARIANTS="no-cuda-graphs no-device-data no-ema-no-mix" \
     MINUTES=${DIAG_MINUTES:-1.5} OUT=$WORK/diagnose PYTHON=$PY \
     bash "$REPO/scripts/gpu/diagnose_loop.sh" "${DIAG_ARGS[@]}" || true
-  DIAG=(--attach "slow_fit_guard=$WORK/slow.json" --attach "diagnose=$WORK/diagnose/diagnose.json")
+  DIAG+=(--attach "diagnose=$WORK/diagnose/diagnose.json")
 fi
 
 $PY "$REPO/scripts/plot_curve.py" "$RUN" --labels "gpu8.yaml, $CARD, seed $SEED" \
   --title "gpu8.yaml: val/acc in an $MINUTES-minute fit" --out "$OUT/curve.png" || true
 $PY "$REPO/scripts/gpu/summary.py" "$RUN" --test "$OUT/metrics_test.json" --card "$CARD" \
-  --fit-exit "$FIT_RC" --probe "$WORK/probe.json" ${DIAG[@]+"${DIAG[@]}"} --out "$OUT/summary.json" || true
+  --fit-exit "$FIT_RC" --probe "$WORK/probe.json" "${DIAG[@]}" --out "$OUT/summary.json" || true
 stamp end
 ls -l "$OUT"
 [[ $FIT_RC == 0 && $EVAL_RC == 0 ]]

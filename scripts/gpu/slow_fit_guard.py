@@ -61,14 +61,19 @@ class SlowFitGuard(L.Callback):
         min_img_s: The slowest loop worth finishing, in training images per second.
         marker: The JSON file written when the guard stops the fit.
         after_s: Seconds of training, from the end of the first step, before the one check.
+        report: A JSON file written at the check whatever it finds (the same fields): a healthy
+            fit's rate and CUDA-graph counts, beside the stopped one's marker.
     """
 
-    def __init__(self, *, min_img_s: float, marker: str, after_s: float = 60.0) -> None:
+    def __init__(
+        self, *, min_img_s: float, marker: str, after_s: float = 60.0, report: str | None = None
+    ) -> None:
         if not min_img_s > 0 or not after_s > 0:
             raise ValueError(
                 f"SlowFitGuard min_img_s={min_img_s} and after_s={after_s} must be positive."
             )
         self.min_img_s, self.marker, self.after_s = min_img_s, Path(marker), after_s
+        self.report = None if report is None else Path(report)
         self.clock = time.monotonic  # tests replace it with a fake clock
         self._since: float | None = None
         self._at_first_step: dict[str, Any] = {}
@@ -90,8 +95,6 @@ class SlowFitGuard(L.Callback):
             return
         self._checked = True
         img_s = self._images / seconds
-        if img_s >= self.min_img_s:
-            return
         seen = {
             "img_s": round(img_s, 1),
             "min_img_s": self.min_img_s,
@@ -100,8 +103,12 @@ class SlowFitGuard(L.Callback):
             "compiler_at_first_step": self._at_first_step,
             "compiler_at_check": compile_stats(),
         }
-        if trainer.is_global_zero:
-            self.marker.parent.mkdir(parents=True, exist_ok=True)
-            self.marker.write_text(json.dumps(seen) + "\n")
+        slow = img_s < self.min_img_s
+        for path in (self.report, self.marker if slow else None):
+            if path is not None and trainer.is_global_zero:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(seen) + "\n")
+        if not slow:
+            return
         rank_zero_warn(f"SlowFitGuard: the loop ran {img_s:.0f} img/s < {self.min_img_s}: stopping")
         trainer.should_stop = True
