@@ -9,7 +9,7 @@
 #   here, the plumbing only:  bash scripts/gpu/run_gpu8.sh --dry-run   (CPU, tiny, ~1.5 min;
 #                             GUARD_FLOOR=1000 GUARD_AFTER_S=1 PROBE_S=6 adds the guard's path)
 # With a probe, a fit whose loop runs under GUARD_FLOOR (0.25) of the probed step stops after
-# GUARD_AFTER_S (60 s; scripts/gpu/slow_fit_guard.py), and diagnose_loop.sh's variants fill the
+# GUARD_AFTER_S (30 s; scripts/gpu/slow_fit_guard.py), and diagnose_loop.sh's variants fill the
 # time left: their img/s land in summary.json.
 # The device's python3 has torch, lightning, torchmetrics, einops, tensorboard and matplotlib, but
 # not jsonargparse (nor docstring_parser, typeshed_client): those travel as wheels in .whl/.
@@ -102,10 +102,10 @@ if [[ $PROBE_S != 0 ]]; then
   timeout -k 5 $((PROBE_S + 60)) $PY "$REPO/scripts/gpu/probe.py" "${PROBE_ARGS[@]}" || true
 fi
 
-# a loop far below the bare step (the first H100 fit: 67x) stops after a minute, and the call's
+# a loop far below the bare step (the first H100 fit: 67x) stops after 30 s, and the call's
 # time left goes to diagnose_loop.sh's variants; GUARD_FLOOR=0: no guard
 GUARD_FLOOR=${GUARD_FLOOR:-0.25}  # the share of probe.py's whole step worth finishing
-GUARD_AFTER_S=${GUARD_AFTER_S:-60}
+GUARD_AFTER_S=${GUARD_AFTER_S:-30}  # at 1/67 of the step, 30 s tell; two variants then fit
 MIN_IMG_S=""
 if [[ -f $WORK/probe.json && $GUARD_FLOOR != 0 ]]; then
   MIN_IMG_S=$($PY -c "import json, sys; p = json.load(open(sys.argv[1])); \

@@ -55,7 +55,7 @@ class SlowFitGuard(L.Callback):
     recording behind it), compare the images per second trained since then with `min_img_s`;
     below it, write what was seen to `marker` (JSON: the rate, and the compiler's counts at the
     first step and at the check) and stop the fit (Lightning validates and saves as at any
-    stop). No device sync: over a minute the queue's lag is noise.
+    stop). No device sync: over half a minute the queue's lag is noise.
 
     Args:
         min_img_s: The slowest loop worth finishing, in training images per second.
