@@ -98,7 +98,8 @@ def quiet_trainer(root: Path | None, **kwargs) -> L.Trainer:
 
 
 class FakeClock:
-    """Advances `tick` seconds each time it is read: a deterministic stand-in for wall time."""
+    """Advances `tick` seconds each time it is read: a deterministic stand-in for wall time
+    (tick 0: it moves only when a test moves `now`)."""
 
     def __init__(self, tick: float) -> None:
         self.now, self.tick = 0.0, tick

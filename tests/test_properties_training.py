@@ -18,6 +18,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from tests.helpers import FakeClock
 from vit.data.augment import TrainAugment
 from vit.train.callbacks.budget import TimeBudget
 from vit.train.datamodule import CIFAR10DataModule
@@ -191,16 +192,6 @@ def test_a_warmup_as_long_as_training_is_shortened_so_that_training_still_ends_a
 # ---- the wall-clock budget (vit/train/callbacks/budget.py) ---------------------------------------
 
 
-class _Clock:
-    """Wall time that moves only when the test moves it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _Module:
     """What TimeBudget needs of the LightningModule (ViTClassifier offers the same two)."""
 
@@ -237,7 +228,7 @@ def test_budget_fraction_rises_and_the_fit_stops_at_the_budget_with_the_lr_at_ze
     """Whatever the steps, validations, compiles and resume: the fraction of the budget used
     (the schedule's clock) only rises, within [0, 1]; the fit stops at the first step that ends
     with the budget spent, never before, with the fraction exactly 1: the learning rate is 0."""
-    budget_s, clock, module = 60.0 * run["minutes"], _Clock(), _Module(run["compiles_in_fit"])
+    budget_s, clock, module = 60.0 * run["minutes"], FakeClock(0.0), _Module(run["compiles_in_fit"])
     trainer = SimpleNamespace(
         global_step=0,
         should_stop=False,
