@@ -115,9 +115,8 @@ if [[ -n $MIN_IMG_S ]]; then  # after every --trainer.callbacks.init_args overri
   export PYTHONPATH=$PYTHONPATH:$REPO/scripts/gpu  # by module name: no package "scripts" to find
   ARGS+=(--trainer.callbacks+=slow_fit_guard.SlowFitGuard
     --trainer.callbacks.init_args.min_img_s "$MIN_IMG_S"
-    --trainer.callbacks.init_args.marker "$WORK/slow.json"
-    --trainer.callbacks.init_args.after_s "$GUARD_AFTER_S"
-    --trainer.callbacks.init_args.report "$WORK/loop_check.json")
+    --trainer.callbacks.init_args.report "$WORK/loop_check.json"
+    --trainer.callbacks.init_args.after_s "$GUARD_AFTER_S")
 fi
 
 stamp "fit: $CARD, seed $SEED, budget $MINUTES min, killed after $FIT_S s\
@@ -140,8 +139,8 @@ cp "$WORK/test/metrics_test.json" "$OUT/" || true
 stamp "evaluate ($CKPT), exit $EVAL_RC"
 
 DIAG=(--attach "loop_check=$WORK/loop_check.json")  # the guard's check, if it got that far
-if [[ -f $WORK/slow.json ]]; then  # the guard stopped the fit: why is the loop slow?
-  stamp "the guard stopped the fit: $(cat "$WORK/slow.json"); diagnose_loop.sh in the time left"
+if grep -qs '"stopped": true' "$WORK/loop_check.json"; then  # why is the loop slow?
+  stamp "the guard stopped the fit: $(cat "$WORK/loop_check.json"); diagnose_loop.sh next"
   DIAG_ARGS=(); [[ $MODE == --dry-run ]] && DIAG_ARGS=(--dry-run)
   # each variant starts only if it can end by the deadline: the call's 600 s less the files' 25
   DEADLINE=$((T0 + ${CALL_S:-590} - 25)) VARIANTS="no-cuda-graphs no-device-data no-ema-no-mix" \

@@ -5,7 +5,7 @@ target. Added on the command line after the recipe's callbacks:
 
     PYTHONPATH=scripts/gpu vit-train fit -c experiments/gpu8.yaml ... \
         --trainer.callbacks+=slow_fit_guard.SlowFitGuard \
-        --trainer.callbacks.init_args.min_img_s 6000 --trainer.callbacks.init_args.marker slow.json
+        --trainer.callbacks.init_args.min_img_s 6000 --trainer.callbacks.init_args.report check.json
 """
 
 from __future__ import annotations
@@ -52,28 +52,24 @@ def compile_stats() -> dict[str, Any]:
 
 class SlowFitGuard(L.Callback):
     """Once, `after_s` seconds after the first training step ended (its compile and CUDA-graph
-    recording behind it), compare the images per second trained since then with `min_img_s`;
-    below it, write what was seen to `marker` (JSON: the rate, and the compiler's counts at the
-    first step and at the check) and stop the fit (Lightning validates and saves as at any
-    stop). No device sync: over half a minute the queue's lag is noise.
+    recording behind it), compare the images per second trained since then with `min_img_s`,
+    write what was seen to `report` (JSON: the rate, the compiler's counts at the first step and
+    at the check, and whether it stopped the fit) and, below the floor, stop the fit (Lightning
+    validates and saves as at any stop). No device sync: over half a minute the queue's lag is
+    noise.
 
     Args:
         min_img_s: The slowest loop worth finishing, in training images per second.
-        marker: The JSON file written when the guard stops the fit.
+        report: The JSON file written at the check, whatever it finds.
         after_s: Seconds of training, from the end of the first step, before the one check.
-        report: A JSON file written at the check whatever it finds (the same fields): a healthy
-            fit's rate and CUDA-graph counts, beside the stopped one's marker.
     """
 
-    def __init__(
-        self, *, min_img_s: float, marker: str, after_s: float = 60.0, report: str | None = None
-    ) -> None:
+    def __init__(self, *, min_img_s: float, report: str, after_s: float = 60.0) -> None:
         if not min_img_s > 0 or not after_s > 0:
             raise ValueError(
                 f"SlowFitGuard min_img_s={min_img_s} and after_s={after_s} must be positive."
             )
-        self.min_img_s, self.marker, self.after_s = min_img_s, Path(marker), after_s
-        self.report = None if report is None else Path(report)
+        self.min_img_s, self.report, self.after_s = min_img_s, Path(report), after_s
         self.clock = time.monotonic  # tests replace it with a fake clock
         self._since: float | None = None
         self._at_first_step: dict[str, Any] = {}
@@ -95,6 +91,7 @@ class SlowFitGuard(L.Callback):
             return
         self._checked = True
         img_s = self._images / seconds
+        slow = img_s < self.min_img_s
         seen = {
             "img_s": round(img_s, 1),
             "min_img_s": self.min_img_s,
@@ -102,12 +99,11 @@ class SlowFitGuard(L.Callback):
             "step": trainer.global_step,
             "compiler_at_first_step": self._at_first_step,
             "compiler_at_check": compile_stats(),
+            "stopped": slow,
         }
-        slow = img_s < self.min_img_s
-        for path in (self.report, self.marker if slow else None):
-            if path is not None and trainer.is_global_zero:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(seen) + "\n")
+        if trainer.is_global_zero:
+            self.report.parent.mkdir(parents=True, exist_ok=True)
+            self.report.write_text(json.dumps(seen) + "\n")
         if not slow:
             return
         rank_zero_warn(f"SlowFitGuard: the loop ran {img_s:.0f} img/s < {self.min_img_s}: stopping")
