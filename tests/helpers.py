@@ -85,6 +85,26 @@ def head_products(attn: Attention) -> tuple[list[torch.Tensor], torch.Tensor]:
     return qk, w[2 * dim :].T @ attn.proj.weight.T
 
 
+def sum_tol(dtype: torch.dtype, k: int, scale: float | torch.Tensor = 1.0) -> float:
+    """A bound for two computations of the same float sums that differ only in order or kernel
+    (another CPU's vector width, fused or explicit, a reference): a sum of k terms is within
+    k * eps / 2 of the exact one times `scale`, the terms' magnitudes added up (the textbook worst
+    case; typical errors are nearer sqrt(k) * eps / 2), so two are within k * eps * scale."""
+    return torch.finfo(dtype).eps * k * float(torch.as_tensor(scale).detach())
+
+
+def forward_sums(model: VisionTransformer) -> int:
+    """The lengths of the sums a value passes through in model's forward, added up (k for
+    sum_tol where two forwards differ in every sum's order): the patch projection (and SPT's
+    LayerNorm), per block two LayerNorms, qkv, scores, softmax, context, proj, fc1 and fc2, then
+    the final norm and the head."""
+    c, n = model.embed_dim, model.patch_embed.num_patches + model.num_prefix_tokens
+    fan_in = model.patch_embed.proj.weight[0].numel() * (2 if model.patch_embed.spt else 1)
+    attn, hidden = model.blocks[0].attn, model.blocks[0].mlp.fc1.out_features
+    block = 2 * c + c + attn.head_dim + 2 * n + c + c + hidden
+    return fan_in + len(model.blocks) * block + 2 * c
+
+
 def quiet_trainer(root: Path | None, **kwargs) -> L.Trainer:
     """A Trainer with no logger, checkpoints, progress bar or summary unless asked; files under root."""
     quiet = dict(
@@ -288,6 +308,33 @@ class KillAtStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step >= self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class TermAtStep(L.Callback):
+    """SIGTERM this process during optimizer step `step` (after its forward, before its backward),
+    as a preempted machine or a scheduler's time limit would. `again_in_save`: once more from
+    inside the next checkpoint write, half-way through its bytes."""
+
+    def __init__(self, step: int, again_in_save: bool = False) -> None:
+        self.step, self.again_in_save = step, again_in_save
+
+    def on_before_backward(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step + 1 != self.step:
+            return
+        if self.again_in_save:
+            from fsspec.implementations.local import LocalFileOpener
+
+            real_write = LocalFileOpener.write
+
+            def write_and_signal(opener: LocalFileOpener, data: bytes) -> int:
+                LocalFileOpener.write = real_write  # once
+                half = len(data) // 2
+                written = real_write(opener, data[:half])
+                os.kill(os.getpid(), signal.SIGTERM)
+                return written + real_write(opener, data[half:])
+
+            LocalFileOpener.write = write_and_signal
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def write_safetensors(

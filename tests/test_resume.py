@@ -1,5 +1,6 @@
 """A run SIGKILLed mid-epoch resumes with --ckpt_path last and ends exactly like an uninterrupted
-one; a failed save leaves the previous last.ckpt; last.ckpt is written by step and epoch."""
+one; SIGTERM saves last.ckpt at the step under way and exits 143; a failed save leaves the previous
+last.ckpt; last.ckpt is written by step and epoch."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import REPO, tiny_classifier
+from tests.helpers import REPO, quiet_trainer, random_loader, tiny_classifier
 from vit.commands.train import train_main
 from vit.io.checkpoint import load_checkpoint
 
@@ -24,11 +25,20 @@ TINY_NETWORK = dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, num_classe
 
 
 def recipe_config(
-    tmp_path: Path, data: Path, runs: Path, *, budget: float | None = None, kill: int | None = None
+    tmp_path: Path,
+    data: Path,
+    runs: Path,
+    *,
+    budget: float | None = None,
+    kill: int | None = None,
+    term: int | None = None,
+    term_again: bool = False,
+    last_every: int = 1,
 ) -> Path:
     """cpu60.yaml as users run it (Muon with the patch projection, EMA, SPT, LSA, the resolution
-    and patch-drop schedules, LastCheckpoint) at a tiny size, on a step budget unless `budget`
-    (minutes) keeps its TimeBudget; `kill`: SIGKILL the process at that step."""
+    and patch-drop schedules, LastCheckpoint every `last_every` steps) at a tiny size, on a step
+    budget unless `budget` (minutes) keeps its TimeBudget; `kill`: SIGKILL the process at that
+    step; `term`: SIGTERM it during that step (`term_again`: and again inside the save)."""
     config = yaml.safe_load(CPU60.read_text())
     trainer, callbacks = config["trainer"], []
     for callback in trainer["callbacks"]:
@@ -37,7 +47,7 @@ def recipe_config(
             continue
         args = callback.setdefault("init_args", {})
         if name == "LastCheckpoint":
-            args["every_n_train_steps"] = 1
+            args["every_n_train_steps"] = last_every
         elif name == "ResolutionSchedule":
             args["stages"] = [[0, 16], [0.5, 32]]  # whole patches of 8
         elif name == "TimeBudget":
@@ -45,6 +55,9 @@ def recipe_config(
         callbacks.append(callback)
     if kill is not None:
         callbacks.append({"class_path": "tests.helpers.KillAtStep", "init_args": {"step": kill}})
+    if term is not None:
+        term_args = {"step": term, "again_in_save": term_again}
+        callbacks.append({"class_path": "tests.helpers.TermAtStep", "init_args": term_args})
     trainer.update(
         callbacks=callbacks,
         max_epochs=3,
@@ -61,19 +74,32 @@ def recipe_config(
         data_dir=str(data), cache_dir=str(tmp_path / "cache"), batch_size=8, val_size=6, seed=0
     )
     config["test_after_fit"] = False
-    path = tmp_path / f"recipe-{runs.name}-{kill}.yaml"
+    path = tmp_path / f"recipe-{runs.name}-{kill}-{term}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-def run_killed(config: Path) -> None:
-    """vit-train fit -c config in a child process, which SIGKILLs itself (KillAtStep)."""
+def run_child(config: Path) -> subprocess.CompletedProcess:
+    """vit-train fit -c config in a child process (which a callback of tests.helpers may stop)."""
     code = f"from vit.commands.train import train_main; train_main(['fit', '-c', {str(config)!r}])"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # tests.helpers.KillAtStep, by class path
-    proc = subprocess.run(
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # tests.helpers.KillAtStep, TermAtStep
+    return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
     )
+
+
+def run_killed(config: Path) -> None:
+    """vit-train fit -c config in a child process, which SIGKILLs itself (KillAtStep)."""
+    proc = run_child(config)
     assert proc.returncode == -9, proc.stderr[-3000:]  # killed, not finished
+
+
+def run_terminated(config: Path) -> str:
+    """vit-train fit -c config in a child process, which SIGTERMs itself (TermAtStep): it exits
+    with 143 (128 + SIGTERM, as a shell reports it). Its output (stdout and stderr)."""
+    proc = run_child(config)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
 
 
 def logged(run: Path) -> dict[tuple[str, str], str]:
@@ -96,9 +122,15 @@ def test_recipe_killed_mid_epoch_resumes_bitwise(make_image_tree, tmp_path) -> N
     assert killed_at == 13 and killed_at % 10 != 0  # mid-epoch (epoch 1, batch 4)
     resume = recipe_config(tmp_path, data, tmp_path / "b")
     train_main(["fit", "-c", str(resume), "--ckpt_path=last"])
+    assert_ends_as_the_unbroken_run(tmp_path, stopped_at=killed_at)
 
+
+def assert_ends_as_the_unbroken_run(tmp_path: Path, *, stopped_at: int) -> None:
+    """The resumed run b (tmp_path/b) ends with the live and averaged weights, the optimizer state
+    and the metrics logged from `stopped_at` on of the unbroken run a, bitwise."""
     a = load_checkpoint(tmp_path / "a" / "recipe" / "version_0" / "checkpoints" / "last.ckpt")
-    b = load_checkpoint(last)  # the resumed run kept writing into its own folder
+    # the resumed run kept writing into its own folder
+    b = load_checkpoint(tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt")
     assert a["global_step"] == b["global_step"] == 30
     for key in ("state_dict", "current_model_state"):  # the EMA average, and the live weights
         assert a[key].keys() == b[key].keys()
@@ -112,10 +144,10 @@ def test_recipe_killed_mid_epoch_resumes_bitwise(make_image_tree, tmp_path) -> N
             assert torch.equal(value, state_b[index][name]), (index, name)
     run_a, run_b = (tmp_path / x / "recipe" / "version_0" for x in ("a", "b"))
     logged_a, logged_b = logged(run_a), logged(run_b)
-    after_kill = {k: v for k, v in logged_a.items() if int(k[0]) >= killed_at}
-    differ = {k: (v, logged_b.get(k)) for k, v in after_kill.items() if logged_b.get(k) != v}
-    assert after_kill and not differ
-    assert any(metric == "val/acc" for _, metric in after_kill)
+    after_stop = {k: v for k, v in logged_a.items() if int(k[0]) >= stopped_at}
+    differ = {k: (v, logged_b.get(k)) for k, v in after_stop.items() if logged_b.get(k) != v}
+    assert after_stop and not differ
+    assert any(metric == "val/acc" for _, metric in after_stop)
 
 
 def test_budget_run_resumes_with_the_time_used_and_its_schedule_goes_on(
@@ -151,6 +183,119 @@ def test_budget_run_resumes_with_the_time_used_and_its_schedule_goes_on(
     train_main(["fit", "-c", str(config), "--ckpt_path=last", "--trainer.max_steps=16"])
     assert restored == [saved["elapsed_s"]]
     assert first_lr[0] >= lr_before > 0  # still warming up, from where it was
+
+
+def test_recipe_stopped_by_sigterm_saves_its_step_and_resumes_bitwise(
+    make_image_tree, tmp_path
+) -> None:
+    """SIGTERM during step 14 (mid-epoch) of the recipe's configuration: the step finishes, is
+    saved as last.ckpt (the periodic saves are 1,000 steps apart and the last epoch end was step
+    10: only the SIGTERM save explains it), the process exits 143 saying how to resume, and
+    --ckpt_path last ends bitwise as a run never interrupted."""
+    data = make_image_tree(tmp_path / "data", train_per_class=30)  # 84 train images: 10 steps/epoch
+    train_main(["fit", "-c", str(recipe_config(tmp_path, data, tmp_path / "a", last_every=1000))])
+    output = run_terminated(recipe_config(tmp_path, data, tmp_path / "b", last_every=1000, term=14))
+    last = tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(last)["global_step"] == 14
+    assert f"Stopped by SIGTERM: saved {last} at step 14" in output
+    assert "--ckpt_path last" in output and "Exit status 143" in output
+    resume = recipe_config(tmp_path, data, tmp_path / "b", last_every=1000)
+    train_main(["fit", "-c", str(resume), "--ckpt_path=last"])
+    assert_ends_as_the_unbroken_run(tmp_path, stopped_at=14)
+
+
+def test_budget_run_stopped_by_sigterm_resumes_with_the_time_used(
+    make_image_tree, tmp_path, monkeypatch
+) -> None:
+    """A wall-clock-budget run stopped by SIGTERM saves its TimeBudget's clock with the step, and
+    the resumed fit starts from the time it had used."""
+    from vit.train.callbacks.budget import TimeBudget
+
+    data = make_image_tree(tmp_path / "data", train_per_class=30)
+    run_terminated(recipe_config(tmp_path, data, tmp_path / "b", budget=1.0, term=14))
+    last = tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = load_checkpoint(last)
+    assert saved["global_step"] == 14 and saved["callbacks"]["TimeBudget"]["elapsed_s"] > 0
+    restored: list[float] = []
+
+    class Watch(TimeBudget):
+        def on_train_start(self, trainer, pl_module) -> None:
+            restored.append(self.elapsed_s())  # before the clock starts: what was loaded
+            super().on_train_start(trainer, pl_module)
+
+    monkeypatch.setattr("vit.train.callbacks.TimeBudget", Watch)
+    config = recipe_config(tmp_path, data, tmp_path / "b", budget=1.0)
+    train_main(["fit", "-c", str(config), "--ckpt_path=last", "--trainer.max_steps=16"])
+    assert restored == [saved["callbacks"]["TimeBudget"]["elapsed_s"]]
+    assert load_checkpoint(last)["global_step"] == 16
+
+
+def test_a_second_sigterm_during_the_save_leaves_a_whole_last_checkpoint(
+    make_image_tree, tmp_path
+) -> None:
+    """SIGTERM again half-way through writing the SIGTERM save: the signal is only noted, the
+    write goes on, and last.ckpt is the whole new checkpoint; no temporary file is left."""
+    data = make_image_tree(tmp_path / "data", train_per_class=30)
+    config = recipe_config(tmp_path, data, tmp_path / "b", last_every=1000, term=4, term_again=True)
+    output = run_terminated(config)
+    assert output.count("Received SIGTERM") == 2  # Lightning's handler, once per signal
+    folder = tmp_path / "b" / "recipe" / "version_0" / "checkpoints"
+    assert load_checkpoint(folder / "last.ckpt")["global_step"] == 4
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+
+
+def test_sigterm_during_validation_exits_143_and_keeps_the_last_save(tmp_path, caplog) -> None:
+    """SIGTERM half-way through a validation: Lightning stops it at once; nothing half-validated
+    is saved, last.ckpt keeps its last save (the end of epoch 1), and the exit status is 143."""
+    import signal
+
+    import lightning as L
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from vit.train.callbacks.checkpointing import LastCheckpoint, SaveOnSigterm
+
+    class TermInValidation(L.Callback):
+        def on_validation_batch_start(self, trainer, *args) -> None:
+            if trainer.global_step == 8:  # the validation at the end of epoch 2
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    last = LastCheckpoint(every_n_train_steps=1000, dirpath=str(tmp_path / "ckpt"))
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=3,
+        enable_checkpointing=True,
+        num_sanity_val_steps=0,
+        callbacks=[TermInValidation(), SaveOnSigterm(), last],
+    )
+    with pytest.raises(SIGTERMException) as stop:  # 4 steps an epoch, 2 validation batches
+        trainer.fit(tiny_classifier(), random_loader(), random_loader(32))
+    assert stop.value.code == 143
+    assert load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 4
+    assert "Stopped by SIGTERM at step 8 outside a training step" in caplog.text
+
+
+def test_sigterm_without_a_last_checkpoint_writer_saves_last_ckpt_in_the_checkpoint_folder(
+    tmp_path, caplog
+) -> None:
+    """With no ModelCheckpoint that keeps last.ckpt, the SIGTERM save is last.ckpt in the first
+    ModelCheckpoint's folder, where --ckpt_path last looks."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from tests.helpers import TermAtStep
+    from vit.train.callbacks.checkpointing import SaveOnSigterm
+
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=3,
+        enable_checkpointing=True,
+        callbacks=[TermAtStep(step=6), SaveOnSigterm(), ModelCheckpoint(dirpath=tmp_path / "c")],
+    )
+    with pytest.raises(SIGTERMException) as stop:
+        trainer.fit(tiny_classifier(), random_loader())
+    assert stop.value.code == 143
+    assert load_checkpoint(tmp_path / "c" / "last.ckpt")["global_step"] == 6
+    assert f"saved {tmp_path / 'c' / 'last.ckpt'} at step 6" in caplog.text
 
 
 def test_disk_full_during_a_save_leaves_the_previous_last_checkpoint(image_tree, tmp_path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.io.checkpoint import load_checkpoint
@@ -20,7 +21,7 @@ from vit.io.init_from import check_init_source
 from vit.io.migrate import LEGACY_CLASS_PATHS
 from vit.system import mkl_amd
 from vit.system.hardware import cpu_precision
-from vit.train.callbacks.checkpointing import FiniteLoss
+from vit.train.callbacks.checkpointing import FiniteLoss, SaveOnSigterm
 from vit.train.datamodule import CIFAR10DataModule
 from vit.train.module import ViTClassifier
 
@@ -31,13 +32,17 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
 class ViTCLI(LightningCLI):
-    """LightningCLI with the image size linked from data to model, one run folder shared by all
-    loggers, and `--test_after_fit` to score the best checkpoint on the test split when fit ends."""
+    """LightningCLI with the image size linked from data to model, one run folder shared by the CSV
+    and TensorBoard loggers, and `--test_after_fit` to score the best checkpoint on the test split
+    when fit ends."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.image_size", "model.network.img_size")
         # always on, whatever the YAML lists: no checkpoint may hold diverged weights
         parser.add_lightning_class_args(FiniteLoss, "finite_loss")
+        # always on too: SIGTERM saves last.ckpt at the current step (after the YAML's callbacks,
+        # so it saves what they have done at that step, EMA's average included)
+        parser.add_lightning_class_args(SaveOnSigterm, "save_on_sigterm")
         parser.add_argument(
             "--test_after_fit",
             type=bool,
@@ -105,12 +110,32 @@ class ViTCLI(LightningCLI):
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
 
 
-def _logger_args(loggers: Any) -> list[Any]:
-    """init_args of the configured loggers that write under save_dir/name."""
-    if not isinstance(loggers, list):
-        return []
-    args = [getattr(lg, "init_args", None) for lg in loggers]
-    return [a for a in args if a is not None and "save_dir" in a]
+def _logger_list(loggers: Any) -> list[Any]:
+    """trainer.logger as a list of class_path/init_args Namespaces (one logger, or none)."""
+    items = loggers if isinstance(loggers, list) else [loggers]
+    return [lg for lg in items if getattr(lg, "init_args", None) is not None]
+
+
+def _writes_versions(logger: Any) -> bool:
+    """Whether a configured logger writes save_dir/name/version_N folders: Lightning's CSVLogger
+    and TensorBoardLogger, by any class_path (jsonargparse keeps a full module path such as
+    lightning.pytorch.loggers.csv_logs.CSVLogger as given) or a subclass. Other loggers keep their
+    own run ids: WandbLogger reads `version` as the W&B run id and MLFlowLogger has none."""
+    module, _, name = str(getattr(logger, "class_path", "")).rpartition(".")
+    try:  # already imported: jsonargparse resolved it while parsing
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, (CSVLogger, TensorBoardLogger))
+
+
+def _versioned_args(loggers: Any) -> list[Any]:
+    """init_args of the configured CSV and TensorBoard loggers: those that share a version."""
+    return [
+        lg.init_args
+        for lg in _logger_list(loggers)
+        if _writes_versions(lg) and lg.init_args.get("save_dir") is not None
+    ]
 
 
 def _run_folder(logger_args: Any) -> Path:
@@ -119,12 +144,16 @@ def _run_folder(logger_args: Any) -> Path:
 
 
 def resume_latest_run(loggers: Any) -> str:
-    """`--ckpt_path last`: the newest save_dir/name/version_N/checkpoints/last.ckpt; the loggers are
-    pointed at that same version, so the resumed run keeps writing into its own folder."""
-    args = _logger_args(loggers)
+    """`--ckpt_path last`: the newest save_dir/name/version_N/checkpoints/last.ckpt of the CSV or
+    TensorBoard logger; those loggers are pointed at that same version, so the resumed run keeps
+    writing into its own folder (a tracker such as W&B or MLflow starts a run of its own)."""
+    args = _versioned_args(loggers)
     if not args:
+        listed = [str(lg.class_path).rpartition(".")[2] for lg in _logger_list(loggers)]
         raise ValueError(
-            "--ckpt_path last needs loggers with save_dir/name (as in experiments/*.yaml)."
+            "--ckpt_path last finds the run to resume through a CSVLogger or TensorBoardLogger "
+            f"with save_dir and name, but trainer.logger lists {listed or 'none'}; add one (as "
+            "experiments/*.yaml do) or pass the path of a checkpoint to --ckpt_path."
         )
     folder = _run_folder(args[0])
     found = sorted(folder.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
@@ -140,10 +169,21 @@ def resume_latest_run(loggers: Any) -> str:
     return str(last)
 
 
+def _local_folders(loggers: Any) -> list[Path]:
+    """The folders the configured loggers write: save_dir/name of CSV and TensorBoard, save_dir of
+    the others (W&B's `name` is a run name, not a folder), none for a logger given a tracking_uri
+    (MLflow then writes there; its default save_dir ./mlruns goes unused)."""
+    folders = [_run_folder(a) for a in _versioned_args(loggers)]
+    for lg in _logger_list(loggers):
+        a = lg.init_args
+        if not _writes_versions(lg) and a.get("save_dir") and not a.get("tracking_uri"):
+            folders.append(Path(a.save_dir))
+    return folders
+
+
 def check_writable(loggers: Any) -> None:
     """Fail before training, not at the first checkpoint, when the run folder cannot be written."""
-    for a in _logger_args(loggers):
-        folder = _run_folder(a)
+    for folder in _local_folders(loggers):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             probe = folder / f".write-test-{os.getpid()}"
@@ -157,9 +197,10 @@ def check_writable(loggers: Any) -> None:
 
 
 def share_logger_version(loggers: Any) -> None:
-    """Give loggers that share save_dir/name one version, so CSV and TensorBoard logs and the
-    checkpoints of a run land in one folder: save_dir/name/version_N."""
-    args = [a for a in _logger_args(loggers) if a.get("version") is None]
+    """Give the CSV and TensorBoard loggers that share save_dir/name one version, so their logs and
+    the checkpoints of a run land in one folder: save_dir/name/version_N. Other loggers (W&B,
+    MLflow, ...) are left as configured: each run gets its own id there."""
+    args = [a for a in _versioned_args(loggers) if a.get("version") is None]
     if len(args) < 2:
         return
     taken = set()

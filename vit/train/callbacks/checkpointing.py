@@ -1,14 +1,23 @@
-"""Checkpointing and its guard: last.ckpt by step and by epoch, and a stop on a non-finite loss
-before any checkpoint can hold diverged weights."""
+"""Checkpointing and its guards: last.ckpt by step and by epoch, last.ckpt at the current step on
+SIGTERM, and a stop on a non-finite loss before any checkpoint can hold diverged weights."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+# what a shell reports for a process that SIGTERM ended: schedulers read it as "terminated"
+SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -31,6 +40,86 @@ class LastCheckpoint(ModelCheckpoint):
         super().on_train_epoch_end(trainer, pl_module)
         if not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class SaveOnSigterm(L.Callback):
+    """On SIGTERM (a preempted machine, a scheduler's time limit), finish the step under way, save
+    last.ckpt at it and stop with exit status 143 (128 + SIGTERM, as a shell reports a process
+    the signal ended; Lightning alone would save nothing and exit 0). `--ckpt_path last` resumes
+    from there exactly. vit-train adds it to every fit (vit/commands/train.py); in a Trainer of
+    your own, list it after the callbacks whose state a checkpoint holds (EMA, TimeBudget).
+
+    last.ckpt is that of every ModelCheckpoint with `save_last: true` (LastCheckpoint among
+    them); with none, last.ckpt in the first ModelCheckpoint's folder (the run's checkpoints/);
+    with no ModelCheckpoint nothing is saved. Lightning's handler only notes the signal
+    (`trainer.received_sigterm`), so a second SIGTERM during the save cannot break it off, and
+    the save goes through a temporary file: last.ckpt is the old file or the whole new one.
+    A SIGTERM during validation stops it at once (Lightning) with last.ckpt from its last save:
+    half-way through validation the module holds the averaged weights, not a resumable state.
+    Under DDP every rank stops at the same step, whichever got the signal (one all-reduce of a
+    flag per step); rank 0 writes the file. (Lightning's handler broadcasts once per signal: a
+    rank signalled twice, by the scheduler and by Lightning's launcher, hangs the fit.)
+    """
+
+    def __init__(self) -> None:
+        self._saved: tuple[int, str] | None = None  # (step, path) of this callback's save
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._saved = None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
+    ) -> None:
+        # here the step is done and the callbacks before this one (EMA's average) have seen it:
+        # the state a periodic save of last.ckpt holds, which resumes bitwise
+        if not trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False):
+            return
+        self._save_last(trainer)
+        # raised on every rank at once: Lightning would raise only where the signal arrived
+        raise SIGTERMException(SIGTERM_EXIT_STATUS)
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if not isinstance(exception, SIGTERMException):
+            return
+        if not exception.code:  # raised by Lightning itself: SystemExit() would exit with 0
+            exception.code = SIGTERM_EXIT_STATUS
+        if trainer.is_global_zero:
+            log.warning("%s", self._report(trainer))
+
+    def _save_last(self, trainer: L.Trainer) -> None:
+        checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+        writers = [c for c in checkpoints if c.save_last is True]
+        for c in writers:  # each writes its own last.ckpt, as its periodic saves do
+            c._save_last_checkpoint(trainer, c._monitor_candidates(trainer))
+        if writers:
+            self._saved = (trainer.global_step, writers[0].last_model_path)
+        elif checkpoints and checkpoints[0].dirpath:
+            path = os.path.join(checkpoints[0].dirpath, "last.ckpt")
+            trainer.save_checkpoint(path)
+            self._saved = (trainer.global_step, path)
+
+    def _report(self, trainer: L.Trainer) -> str:
+        """What was saved and how to go on, for the log."""
+        step, resume = trainer.global_step, "Resume with the same command and --ckpt_path last"
+        status = f"Exit status {SIGTERM_EXIT_STATUS}."
+        saves = [
+            (c._last_global_step_saved, c.last_model_path)
+            for c in trainer.checkpoint_callbacks
+            if isinstance(c, ModelCheckpoint) and c.save_last is True and c.last_model_path
+        ]  # a save of the run's own at this step: the signal came during it, or at epoch end
+        saved = self._saved or next(iter(saves), None)
+        if saved is not None and saved[0] == step:
+            return f"Stopped by SIGTERM: saved {saved[1]} at step {step}. {resume}. {status}"
+        if not trainer.checkpoint_callbacks:
+            return (
+                f"Stopped by SIGTERM at step {step}; checkpointing is off: nothing saved. {status}"
+            )
+        return (
+            f"Stopped by SIGTERM at step {step} outside a training step (in validation, or "
+            f"before the first step): last.ckpt is from its last save. {resume}. {status}"
+        )
 
 
 class FiniteLoss(L.Callback):

@@ -1,0 +1,266 @@
+"""Trackers added with `--trainer.logger+=`: W&B (offline) and MLflow (a local SQLite store) record
+a tiny fit next to the config's CSV logger, each fit in a run of its own; only the CSV and
+TensorBoard loggers share the version_N run folder (vit.commands.train)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shlex
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from jsonargparse import Namespace
+
+from tests.helpers import REPO, train_args
+from vit.commands.train import (
+    ViTCLI,
+    check_writable,
+    resume_latest_run,
+    share_logger_version,
+    train_main,
+)
+from vit.train.datamodule import CIFAR10DataModule
+from vit.train.module import ViTClassifier
+
+CSV = "lightning.pytorch.loggers.csv_logs.CSVLogger"  # a full module path, kept as given
+TENSORBOARD = "lightning.pytorch.loggers.TensorBoardLogger"  # a short name, as parsed
+WANDB = "lightning.pytorch.loggers.WandbLogger"
+MLFLOW = "lightning.pytorch.loggers.MLFlowLogger"
+FIT = ("--trainer.max_epochs=1", "--trainer.log_every_n_steps=1")  # 3 steps, each logged
+
+# The README's lines, as users type them: `vit-train -c experiments/cpu60.yaml` and a W&B logger
+# appended to the recipe's CSV and TensorBoard loggers, then the same for MLflow. The tests below
+# run these very arguments, so the README cannot drift from what works.
+README = (REPO / "README.md").read_text()
+WANDB_LINE = re.compile(r"`vit-train -c experiments/cpu60\.yaml (--trainer\.logger\+=Wandb[^`]*)`")
+MLFLOW_LINE = re.compile(r"`(--trainer\.logger\+=MLFlow[^`]*)`")
+
+
+def _readme_args(line: re.Pattern[str]) -> list[str]:
+    found = line.findall(README)
+    assert len(found) == 1, f"README.md: {len(found)} lines match {line.pattern}"
+    return shlex.split(found[0])
+
+
+def _logger(class_path: str, **init_args: object) -> Namespace:
+    """One trainer.logger entry as jsonargparse leaves it after parsing."""
+    return Namespace(class_path=class_path, init_args=Namespace(**init_args))
+
+
+def _mixed(runs: Path, tmp_path: Path) -> list[Namespace]:
+    """W&B and MLflow first (their save_dirs hold no runs), then CSV and TensorBoard."""
+    return [
+        _logger(WANDB, save_dir=str(tmp_path / "wandb"), name="my-run", version=None),
+        _logger(MLFLOW, save_dir="./mlruns", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"),
+        _logger(CSV, save_dir=str(runs), name="tiny", version=None),
+        _logger(TENSORBOARD, save_dir=str(runs), name="tiny", version=None),
+    ]
+
+
+def test_only_csv_and_tensorboard_share_the_version(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    (runs / "tiny" / "version_0").mkdir(parents=True)
+    loggers = _mixed(runs, tmp_path)
+    share_logger_version(loggers)
+    wandb, mlflow, csv_logger, tensorboard = (lg.init_args for lg in loggers)
+    assert csv_logger.version == tensorboard.version == "version_1"  # version_0 is taken
+    assert wandb.version is None  # W&B's run id: it picks a fresh one per run
+    assert "version" not in mlflow  # MLFlowLogger has no such argument
+
+
+def test_resume_finds_the_run_through_csv_even_when_a_tracker_comes_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = tmp_path / "runs"
+    for n, mtime in ((3, 2_000_000_000), (0, 1_000_000_000)):
+        last = runs / "tiny" / f"version_{n}" / "checkpoints" / "last.ckpt"
+        last.parent.mkdir(parents=True)
+        last.write_bytes(b"")
+        os.utime(last, (mtime, mtime))
+    loggers = _mixed(runs, tmp_path)
+    assert resume_latest_run(loggers) == str(runs / "tiny/version_3/checkpoints/last.ckpt")
+    wandb, mlflow, csv_logger, tensorboard = (lg.init_args for lg in loggers)
+    assert csv_logger.version == tensorboard.version == "version_3"
+    assert wandb.version is None and "version" not in mlflow
+
+    with pytest.raises(ValueError, match=r"CSVLogger or TensorBoardLogger.*'WandbLogger'"):
+        resume_latest_run(loggers[:2])
+
+    # the run folder is probed; nothing is made where a tracker only names a run (W&B's name)
+    # or where MLflow's default save_dir goes unused (it was given a tracking_uri)
+    monkeypatch.chdir(tmp_path)
+    check_writable(loggers)
+    assert (tmp_path / "wandb").is_dir() and not (tmp_path / "wandb" / "my-run").exists()
+    assert not (tmp_path / "mlruns").exists()
+
+
+def _csv_metric(run: Path, key: str) -> list[float]:
+    """The values of `key` in a run folder's metrics.csv, in order."""
+    with (run / "metrics.csv").open() as f:
+        return [float(row[key]) for row in csv.DictReader(f) if row.get(key)]
+
+
+def _fit(data: Path, runs: Path, *tracker: str) -> None:
+    train_main(train_args(data, runs, *FIT, *tracker))
+
+
+def _home_in(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$HOME and the XDG folders under `home`: a tracker's ids and caches stay out of the user's."""
+    for key, value in dict(
+        HOME=home, XDG_CACHE_HOME=home / ".cache", XDG_CONFIG_HOME=home / ".config"
+    ).items():
+        monkeypatch.setenv(key, str(value))
+
+
+# ---- W&B, offline --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """wandb in offline mode with every folder it uses (and $HOME) under tmp_path: nothing is
+    written in the user's home and nothing touches the network."""
+    wandb = pytest.importorskip("wandb")
+    home = tmp_path / "home"
+    _home_in(home, monkeypatch)
+    env = dict(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_ERROR_REPORTING="false",
+        WANDB_DIR=home / "wandb",
+        WANDB_CACHE_DIR=home / "cache",
+        WANDB_CONFIG_DIR=home / "config",
+        WANDB_DATA_DIR=home / "data",
+        WANDB_ARTIFACT_DIR=home / "artifacts",
+    )
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+    yield wandb
+    wandb.finish()  # a run left open would be reused by the next WandbLogger in this process
+
+
+def _wandb_records(path: Path) -> Iterator[object]:
+    """The protobuf records of a .wandb file: a 7-byte header (":W&B", magic, version), then
+    LevelDB-log chunks (crc32, length, type; full=1, first=2, middle=3, last=4) in 32 KiB
+    blocks. wandb ships no reader for offline runs; this is the format its service writes."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    pos, payload = 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header: zero padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        payload += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload)
+            payload = b""
+            yield record
+
+
+def _wandb_run(folder: Path) -> tuple[str, dict[str, list[float]]]:
+    """The run id and the history (metric -> values in order) of one offline run folder."""
+    (path,) = folder.glob("run-*.wandb")
+    run_id, history = None, {}
+    for record in _wandb_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run_id = record.run.run_id
+        elif kind == "history":
+            for item in record.history.item:
+                key = item.key or "/".join(item.nested_key)
+                history.setdefault(key, []).append(json.loads(item.value_json))
+    assert run_id is not None, f"{path} has no run record"
+    return run_id, history
+
+
+def test_wandb_logger_records_each_fit_in_a_run_of_its_own(
+    image_tree: Path, tmp_path: Path, wandb_offline: ModuleType
+) -> None:
+    runs, save_dir = tmp_path / "runs", tmp_path / "tracker"
+    wandb = [
+        *_readme_args(WANDB_LINE),
+        "--trainer.logger.offline=true",
+        f"--trainer.logger.save_dir={save_dir}",
+    ]
+    for _ in range(2):
+        _fit(image_tree, runs, *wandb)
+        wandb_offline.finish()  # as vit-train's exit does: the run file is complete, and the
+        # next fit starts a run of its own (an open run would be reused)
+
+    folders = sorted((save_dir / "wandb").glob("offline-run-*"), key=lambda p: p.stat().st_mtime)
+    assert len(folders) == 2, folders
+    for n, folder in enumerate(folders):
+        run_id, history = _wandb_run(folder)
+        assert not run_id.startswith("version_")  # W&B's own id, not the CSV folder's name
+        assert folder.name.endswith(run_id)
+        csv_run = runs / "tiny" / f"version_{n}"  # CSV and TensorBoard still share version_N
+        assert list(csv_run.glob("events.out.tfevents.*"))
+        assert (csv_run / "checkpoints" / "last.ckpt").is_file()  # the fit ran to its end
+        for key in ("val/acc", "val/loss", "train/loss_step"):
+            assert history[key] == pytest.approx(_csv_metric(csv_run, key)), key
+    assert _wandb_run(folders[0])[0] != _wandb_run(folders[1])[0]
+
+
+# ---- MLflow, a local SQLite store ------------------------------------------------------------
+
+
+@pytest.fixture
+def mlflow_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """mlflow.tracking with no usage reports sent and $HOME (its installation id) under tmp_path."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("DO_NOT_TRACK", "true")
+    _home_in(tmp_path / "home", monkeypatch)
+    return pytest.importorskip("mlflow.tracking")
+
+
+def test_mlflow_logger_records_each_fit_in_a_run_of_its_own(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_local: ModuleType
+) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # the README's sqlite:///mlflow.db is relative: cwd/mlflow.db
+    runs = tmp_path / "runs"
+    mlflow = [*_readme_args(MLFLOW_LINE), "--trainer.logger.experiment_name=vit"]
+    _fit(image_tree, runs, *mlflow)
+    _fit(image_tree, runs, *mlflow)
+
+    assert (cwd / "mlflow.db").is_file()
+    client = mlflow_local.MlflowClient("sqlite:///mlflow.db")
+    experiment = client.get_experiment_by_name("vit")
+    found = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    assert len(found) == 2
+    assert len({run.info.run_id for run in found}) == 2  # two fits, two runs
+    for n, run in enumerate(found):
+        assert run.info.status == "FINISHED"
+        assert not run.info.run_id.startswith("version_")
+        csv_run = runs / "tiny" / f"version_{n}"
+        assert (csv_run / "checkpoints" / "last.ckpt").is_file()
+        for key in ("val/acc", "val/loss", "train/loss_step"):
+            history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+            assert [m.value for m in history] == pytest.approx(_csv_metric(csv_run, key)), key
+    assert not (cwd / "mlruns").exists()  # MLflow's default save_dir, unused: not made
+
+
+# ---- the README's recipe ---------------------------------------------------------------------
+
+
+def test_the_readme_s_command_appends_the_tracker_to_the_recipe_s_loggers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wandb_offline: ModuleType
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the recipe's runs/ goes there
+    args = ["-c", str(REPO / "experiments" / "cpu60.yaml"), *_readme_args(WANDB_LINE)]
+    cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=args, run=False)
+    csv_logger, tensorboard, wandb = cli.trainer.loggers
+    assert type(wandb).__name__ == "WandbLogger"
+    assert csv_logger.log_dir == tensorboard.log_dir == str(Path("runs/cpu60/version_0"))
+    assert wandb.name == "vit" and wandb.version is None  # the project; W&B picks the run id
