@@ -8,19 +8,20 @@ The tests run in a scratch copy beside the checkout (so ../shared resolves) made
 mutated package (mutants/vit: every mutant behind a switch) and the current tests/, once per
 mutant with MUTANT_UNDER_TEST naming it, in a child forked from one warm interpreter, as mutmut
 itself does; the line says `killed` (the tests failed) or `survived`. mutants/ holds the source as
-of the last mutmut run: run it again after editing vit/. The working tree and mutmut's results are
-not touched, so it can run beside scripts/mutation_run.sh: a new test is checked against the
-mutants it was written for before a mutmut run records it. `--survivors` keeps, of the matched
-mutants, those mutmut left alive (survived, or no test reached them); `--at COMMIT` takes the
-tests as committed there; `--record` writes each outcome, with the date, the commit and the
-tests, to experiments/record/mutations/checked.tsv, which scripts/mutation_table.py reads. Only a failing
+of the last mutmut run; `--generate` writes it for the current source without running a test
+(mutmut's own generation step, keeping mutmut's outcomes of unchanged functions). The working tree
+and mutmut's results are not touched, so it can run beside scripts/mutation_run.sh: a new test is
+checked against the mutants it was written for before a mutmut run records it. `--survivors`
+keeps, of the matched mutants, those mutmut left alive (survived, or no test reached them); `--at
+COMMIT` takes the tests as committed there; `--record` writes each outcome, with the date, the
+commit, the tests, and the mutant's diff key and changed lines (scripts/mutation_diffs.py), to
+experiments/record/mutations/checked.tsv, which scripts/mutation_table.py reads. Only a failing
 test counts as a kill: a test file that does not collect stops the check.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import fnmatch
 import json
@@ -33,10 +34,19 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from mutation_diffs import (
+    CHECKED,
+    CHECKED_HEADER,
+    MutantDiff,
+    generated_diffs,
+    module_path,
+    read_rows,
+    write_rows,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKED = REPO / "experiments" / "record" / "mutations" / "checked.tsv"
 USAGE = "mutation_check.py MUTANT_OR_PATTERN... [--survivors] [--record] [-- PYTEST_ARGS...]"
+USAGE += "\n       mutation_check.py --generate"
 COPIED = ("tests", "experiments", "scripts", "docs", "pyproject.toml", "README.md")
 CPU_LIMIT_S = 300  # a mutant that loops forever counts as killed by timeout, as in mutmut
 
@@ -65,23 +75,44 @@ def run_one(name: str, tests: list[str]) -> str:
 
 
 def write_record(outcomes: dict[str, str], tests: list[str], at: str) -> None:
-    rows = {}
-    if CHECKED.is_file():
-        rows = {r[0]: r for r in csv.reader(CHECKED.open(), delimiter="\t") if r}
-    header = ["# mutant", "outcome", "date", "tests at", "tests (pytest arguments)"]
+    """Each outcome as a row of checked.tsv, with the diff of the mutant as generated in mutants/
+    (the code the tests ran against): scripts/mutation_table.py counts a row only while that diff
+    is the one its mutant has in the current source."""
+    rows = {r[0]: r for r in read_rows(CHECKED)}
+    diffs: dict[str, MutantDiff] = {}
+    for path in sorted({module_path(name) for name in outcomes}):
+        diffs |= generated_diffs(path)
     today = str(datetime.date.today())
     for name, outcome in outcomes.items():
-        rows[name] = [name, outcome, today, at, " ".join(tests)]
-    rows.pop(header[0], None)
-    with CHECKED.open("w", newline="") as f:
-        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-        writer.writerow(header)
-        writer.writerows(rows[k] for k in sorted(rows))
+        diff = diffs.get(name, MutantDiff("", "", ""))  # no diff: the row will not count
+        rows[name] = [name, outcome, today, at, " ".join(tests), diff.key, diff.gist]
+    write_rows(CHECKED, CHECKED_HEADER, [rows[k] for k in sorted(rows)])
+
+
+def generate() -> None:
+    """mutmut's mutated package, mutants/, for the current source, without running a test: the
+    first steps of `mutmut run` (mutmut/__main__.py's _run). Outcomes mutmut recorded for
+    functions that have not changed are kept; those of changed functions are reset, as a run
+    does."""
+    from mutmut.__main__ import create_mutants
+    from mutmut.mutation.trampoline import set_mutant_under_test
+    from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir
+
+    os.chdir(REPO)
+    set_mutant_under_test("mutant_generation")
+    (REPO / "mutants").mkdir(exist_ok=True)
+    copy_src_dir()
+    copy_also_copy_files()
+    stats = create_mutants(max_children=1)
+    print(f"mutants/: {stats.mutated} files mutated, {stats.unmodified} unchanged")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=USAGE)
-    parser.add_argument("mutants", nargs="+", help="mutant names or fnmatch patterns")
+    parser.add_argument("mutants", nargs="*", help="mutant names or fnmatch patterns")
+    parser.add_argument(
+        "--generate", action="store_true", help="write mutants/ for the current source, run nothing"
+    )
     parser.add_argument(
         "--survivors",
         action="store_true",
@@ -95,8 +126,13 @@ def main() -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
     tests = argv[cut + 1 :] or ["tests/"]  # after --: pytest's arguments
+    if args.generate:
+        generate()
+        return 0
+    if not args.mutants:
+        parser.error("name the mutants to check, or --generate")
     if not (REPO / "mutants").is_dir():
-        sys.exit("no mutants/ folder: run scripts/mutation_run.sh first (it generates the mutants)")
+        sys.exit("no mutants/ folder: run `python scripts/mutation_check.py --generate` first")
     known = recorded()
     chosen = sorted(n for n in known if any(fnmatch.fnmatchcase(n, p) for p in args.mutants))
     if args.survivors:
