@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -224,10 +225,18 @@ def test_each_kernel_in_bf16_is_within_rounding_of_float64() -> None:
     reference = _attention_float64(fused, x)
     bound = 4 * 2**-8 * reference.abs().max()  # bf16: four roundings of the largest value
     outputs = {
-        "fused": fused(x),
         "explicit": explicit(x),
         "forward_with_weights": fused.forward_with_weights(x)[0],
     }
+    try:
+        outputs["fused"] = fused(x)
+    except RuntimeError as err:
+        # torch's fused bf16 kernel packs for AMX/AVX512-BF16 by the hardware's flags, then
+        # refuses when ATEN_CPU_CAPABILITY holds ATen below AVX-512 (scripts/kernel_matrix.sh
+        # sets that; a real CPU's flags and capability agree): not a number to bound
+        forced = os.environ.get("ATEN_CPU_CAPABILITY") in ("default", "avx2")
+        if not (forced and "pack_vnni2" in str(err)):
+            raise
     for name, out in outputs.items():
         assert out.dtype == torch.bfloat16
         error = (out.double() - reference).abs().max()
