@@ -88,9 +88,18 @@ class SaveOnSigterm(L.Callback):
         if trainer.is_global_zero:
             log.warning("%s", self._report(trainer))
 
+    @staticmethod
+    def _last_writers(trainer: L.Trainer) -> list[ModelCheckpoint]:
+        """The ModelCheckpoints that write a last.ckpt of their own (a "link" is no file)."""
+        return [
+            c
+            for c in trainer.checkpoint_callbacks
+            if isinstance(c, ModelCheckpoint) and c.save_last is True
+        ]
+
     def _save_last(self, trainer: L.Trainer) -> None:
         checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
-        writers = [c for c in checkpoints if c.save_last is True]
+        writers = self._last_writers(trainer)
         for c in writers:  # each writes its own last.ckpt, as its periodic saves do
             c._save_last_checkpoint(trainer, c._monitor_candidates(trainer))
         if writers:
@@ -106,8 +115,8 @@ class SaveOnSigterm(L.Callback):
         status = f"Exit status {SIGTERM_EXIT_STATUS}."
         saves = [
             (c._last_global_step_saved, c.last_model_path)
-            for c in trainer.checkpoint_callbacks
-            if isinstance(c, ModelCheckpoint) and c.save_last is True and c.last_model_path
+            for c in self._last_writers(trainer)
+            if c.last_model_path
         ]  # a save of the run's own at this step: the signal came during it, or at epoch end
         saved = self._saved or next(iter(saves), None)
         if saved is not None and saved[0] == step:
