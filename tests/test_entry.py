@@ -162,7 +162,7 @@ from vit.commands import entry
 from vit.system import mkl_amd
 ARGS = {
     "train": ["fit", "--help"], "evaluate": ["--help"], "visualize": ["--help"], "explore": ["--help"],
-    "predict": ["--help"],
+    "predict": ["--help"], "inspect": ["--help"],
 }
 class Stop(Exception):
     pass
@@ -192,12 +192,13 @@ def test_each_command_switches_mkl_before_torch_loads_and_helps() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [ln for ln in lines if ln.startswith(("SWITCH", "EXIT"))] == [
-        *["SWITCH torch loaded: False"] * 5,
+        *["SWITCH torch loaded: False"] * 6,
         "EXIT train 0",
         "EXIT evaluate 0",
         "EXIT visualize 0",
         "EXIT explore 0",
         "EXIT predict 0",
+        "EXIT inspect 0",
     ]
     usages = (
         "vit-train [options] fit",
@@ -205,6 +206,7 @@ def test_each_command_switches_mkl_before_torch_loads_and_helps() -> None:
         "vit-visualize",
         "vit-explore",
         "vit-predict",
+        "vit-inspect",
     )
     for usage in (f"usage: {u}" for u in usages):
         assert usage in done.stdout, usage

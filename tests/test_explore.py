@@ -18,6 +18,7 @@ from vit.data.datasets import preprocess
 from vit.io.pretrained import available
 from vit.maps.capture import attention_maps, patch_grid, query_map
 from vit.maps.explorer import SCALE, quantize, write_explorer
+from vit.maps.inspection import filter_components, mean_attention_distance, position_similarity
 from vit.maps.rollout import grad_rollout, rollout_map
 from vit.model.vision_transformer import VisionTransformer
 
@@ -132,6 +133,36 @@ def test_the_layers_by_heads_grid_chooses_a_map(driver, tiny_page) -> None:
     assert len(thumbs) == TINY["depth"] * (TINY["num_heads"] + 1)
     click(driver, '#thumbs [data-layer="1"][data-head="mean"]')
     assert overlay(driver)[0] == shown(maps[1][0].mean(dim=0)[0, 1:])
+
+
+def test_the_whole_model_panel_shows_vit_maps_numbers(driver, tiny_page) -> None:
+    from selenium.webdriver.common.by import By
+
+    model, pictures, path, _, _ = tiny_page
+    browser.open_page(driver, path)
+    distance = mean_attention_distance(model, preprocess(pictures))  # over the page's images
+    dots = driver.find_elements(By.CSS_SELECTOR, "#distance .head-dot")
+    assert len(dots) == TINY["depth"] * TINY["num_heads"]
+    for dot in dots:
+        layer, head = int(dot.get_attribute("data-layer")), int(dot.get_attribute("data-head"))
+        pixels = float(shown(distance.pixels[layer, head])[0])  # stored to 4 decimals, shown to 2
+        assert dot.get_attribute("data-value") == f"{pixels:.2f}"
+    uniform = driver.find_element(By.CSS_SELECTOR, "#distance .uniform")
+    assert uniform.get_attribute("data-value") == f"{distance.uniform * 8:.2f}"
+    similarity = position_similarity(model)
+    canvas = driver.find_element(By.ID, "positions")
+    assert canvas.get_attribute("data-position") == "10"  # the centre patch (2, 2) at first
+    assert json.loads(canvas.get_attribute("data-values")) == shown(similarity[10])
+    click(driver, '#overlay [data-query="6"]')  # query token 6 is patch 5
+    assert json.loads(canvas.get_attribute("data-values")) == shown(similarity[5])
+    click(driver, '#distance .head-dot[data-layer="1"][data-head="0"]')
+    node = driver.find_element(By.ID, "overlay")
+    assert (node.get_attribute("data-layer"), node.get_attribute("data-head")) == ("1", "0")
+    _, ratio = filter_components(model, k=16)
+    shares = [
+        f.get_attribute("data-ratio") for f in driver.find_elements(By.CSS_SELECTOR, ".filter")
+    ]
+    assert [float(r) for r in shares] == [round(float(r), 4) for r in ratio]
 
 
 def test_the_page_fetches_nothing(driver, tiny_page) -> None:

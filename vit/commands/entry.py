@@ -44,6 +44,15 @@ def explore() -> None:
     explore_main()
 
 
+def inspect() -> None:
+    """`vit-inspect`: a model as a whole (attention distance, filters, positions) or one run's
+    checkpoints over training (vit/commands/inspect_model.py)."""
+    switch_mkl()
+    from vit.commands.inspect_model import inspect_main
+
+    inspect_main()
+
+
 def predict() -> None:
     """`vit-predict`: the top-k classes of your own images (vit/commands/predict.py)."""
     switch_mkl()

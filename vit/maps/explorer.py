@@ -22,6 +22,7 @@ from torch import Tensor
 
 from vit.data.datasets import preprocess
 from vit.maps.capture import attention_maps, fuse_heads, patch_grid, query_map
+from vit.maps.inspection import filter_components, mean_attention_distance, position_similarity
 from vit.maps.rollout import grad_rollout, rollout_map
 from vit.model.vision_transformer import VisionTransformer
 
@@ -86,6 +87,7 @@ def explorer_data(
     if prefix == 0:  # no CLS row: what the mean-pooled output looks at, per layer and head
         stored.append(quantize(query_map(attention, grid=grid, num_prefix_tokens=0)).flatten())
     roll = rollout_map(maps, grid=grid, num_prefix_tokens=prefix).flatten(1)  # (B, P)
+    whole = whole_model_data(model, x)
     probs = logits.float().cpu().softmax(dim=-1)
     meta = {
         "classes": list(classes),
@@ -95,6 +97,7 @@ def explorer_data(
         "heads": attention.shape[2] - 1,
         "tokens": attention.shape[-1],
         "scale": SCALE,
+        "whole": whole,
         "images": [
             {
                 "src": png_data_uri(images[i]),
@@ -108,6 +111,34 @@ def explorer_data(
         ],
     }
     return meta, torch.cat(stored)
+
+
+def whole_model_data(model: VisionTransformer, x: Tensor, *, components: int = 16) -> dict:
+    """The page's panel on the model as a whole (vit.maps.inspection): each head's mean attention
+    distance over the page's images `x` (normalised), the position vectors' similarity, and the
+    leading filter components as PNGs (vit.maps.inspect_plots.filter_mosaic)."""
+    from vit.maps.inspect_plots import filter_mosaic
+
+    distance = mean_attention_distance(model, x)
+    comps, ratio = filter_components(model, k=components)
+    mosaic = (filter_mosaic(comps) * 255).round().to(torch.uint8).permute(0, 3, 1, 2)
+    if mosaic.shape[1] == 1:
+        mosaic = mosaic.expand(-1, 3, -1, -1)  # one channel: grey
+    return {
+        "distance": {
+            "pixels": rounded(distance.pixels),
+            "cls_share": rounded(distance.cls_share),
+            "uniform": round(distance.uniform * distance.patch_size, 4),
+            "images": distance.images,
+            "patch_size": distance.patch_size,
+        },
+        "positions": rounded(position_similarity(model)),
+        "filters": [
+            {"src": png_data_uri(m), "ratio": round(float(r), 4)}
+            for m, r in zip(mosaic, ratio, strict=True)
+        ],
+        "shifts": comps.shape[1],
+    }
 
 
 def render_html(meta: dict[str, Any], stored: Tensor, *, title: str) -> str:

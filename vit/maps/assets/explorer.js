@@ -138,6 +138,95 @@ async function main() {
       thumbCells.push({ div, l, h });
     }
   }
+  // ---- the model as a whole: vit.maps.inspection's numbers, drawn ------------------------
+  const whole = meta.whole;
+  const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  function viridis(t) {
+    // matplotlib's viridis through five of its colours: lightness rises, so greyscale keeps order
+    const x = Math.min(Math.max(t, 0), 1) * (VIRIDIS.length - 1);
+    const i = Math.min(Math.floor(x), VIRIDIS.length - 2), f = x - i;
+    return VIRIDIS[i].map((c, k) => Math.round(c + f * (VIRIDIS[i + 1][k] - c)));
+  }
+  const svg = document.getElementById("distance");
+  const dots = [];
+  (function drawDistance() {
+    const NS = svg.namespaceURI, W = 320, HT = 230, left = 48, right = 10, top = 8, bottom = 44;
+    const px = whole.distance.pixels, uniform = whole.distance.uniform;
+    const ymax = Math.max(uniform, ...px.flat()) * 1.15;
+    const x = (l) => left + ((l + 0.5) * (W - left - right)) / L;
+    const y = (v) => top + (1 - v / ymax) * (HT - top - bottom);
+    const add = (tag, attrs, text) => {
+      const node = document.createElementNS(NS, tag);
+      for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+      if (text !== undefined) node.textContent = text;
+      svg.append(node);
+      return node;
+    };
+    const step = [1, 2, 5, 10, 20, 50].find((s) => ymax / s <= 6) || 100;
+    for (let v = 0; v <= ymax; v += step) {
+      add("line", { x1: left, x2: W - right, y1: y(v), y2: y(v), stroke: "#ddd" });
+      add("text", { x: left - 4, y: y(v) + 4, "text-anchor": "end", class: "tick" }, String(v));
+    }
+    for (let l = 0; l < L; l++) add("text", { x: x(l), y: HT - bottom + 16, "text-anchor": "middle", class: "tick" }, String(l));
+    add("text", { x: (left + W - right) / 2, y: HT - 6, "text-anchor": "middle" }, "layer (network depth)");
+    add("text", { x: 12, y: (top + HT - bottom) / 2, "text-anchor": "middle",
+      transform: `rotate(-90 12 ${(top + HT - bottom) / 2})` }, "mean attention distance (px)");
+    add("line", { x1: left, x2: W - right, y1: y(uniform), y2: y(uniform), stroke: "#555",
+      "stroke-dasharray": "5 4", class: "uniform", "data-value": uniform.toFixed(2) });
+    const shapes = [
+      (cx, cy) => ["circle", { cx, cy, r: 5 }],
+      (cx, cy) => ["rect", { x: cx - 4.5, y: cy - 4.5, width: 9, height: 9 }],
+      (cx, cy) => ["polygon", { points: `${cx},${cy - 6} ${cx - 5.5},${cy + 4} ${cx + 5.5},${cy + 4}` }],
+    ];
+    for (let l = 0; l < L; l++) {
+      for (let h = 0; h < meta.heads; h++) {
+        const cx = x(l) + (h - (meta.heads - 1) / 2) * Math.min(12, 60 / meta.heads), cy = y(px[l][h]);
+        const [tag, attrs] = shapes[h % 3](cx, cy);
+        const dot = add(tag, { ...attrs, class: "head-dot", "data-layer": l, "data-head": h,
+          "data-value": px[l][h].toFixed(2), fill: Math.floor(h / 3) % 2 ? "#fff" : "#222", stroke: "#222" });
+        const share = whole.distance.cls_share[l][h];
+        dot.append(document.createElementNS(NS, "title"));
+        dot.firstChild.textContent = `layer ${l}, head ${h}: ${px[l][h].toFixed(2)} px; weight on the CLS token ${fmt(share)}`;
+        dot.addEventListener("click", () => set({ layer: l, head: h, view: "attention" }));
+        dots.push(dot);
+      }
+    }
+  })();
+
+  const posCanvas = document.getElementById("positions");
+  const simLow = Math.min(...whole.positions.flat());
+  function drawPositions(p) {
+    // position p's vector against every position's: cosine similarity, dark = the lowest
+    const row = whole.positions[p];
+    posCanvas.width = gw;
+    posCanvas.height = gh;
+    const ctx = posCanvas.getContext("2d");
+    row.forEach((v, k) => {
+      const [r, g, b] = viridis((v - simLow) / (1 - simLow || 1));
+      ctx.fillStyle = `rgb(${r}, ${g}, ${b})`;
+      ctx.fillRect(k % gw, Math.floor(k / gw), 1, 1);
+    });
+    posCanvas.dataset.position = p;
+    posCanvas.dataset.values = JSON.stringify(row.map(fmt));
+    document.getElementById("positions-caption").textContent =
+      `What the position vectors learned: how alike the vector of ${patchName(p)} is to each ` +
+      `patch's (cosine similarity; dark ${fmt(simLow)}, bright 1). Hover a patch of the image to choose.`;
+  }
+  drawPositions(Math.floor(gh / 2) * gw + Math.floor(gw / 2));
+  cells.forEach((cell, p) => cell.addEventListener("mouseenter", () => drawPositions(p)));
+
+  const filters = document.getElementById("filters");
+  whole.filters.forEach((f, i) => {
+    const item = el("div", { class: "filter", "data-ratio": f.ratio, title: `component ${i + 1}` });
+    item.append(el("img", { src: f.src, alt: `filter component ${i + 1}` }), el("span", {}, `${(100 * f.ratio).toFixed(1)}%`));
+    filters.append(item);
+  });
+  if (whole.shifts > 1) filters.classList.add("shifted");
+  document.getElementById("filters-caption").textContent =
+    `What the patch projection looks for: its ${whole.filters.length} leading principal ` +
+    "components as RGB patches, each with the share of the filters' variance it explains" +
+    (whole.shifts > 1 ? "; each shows the image, then its 4 copies shifted by half a patch (shifted patch tokenization)." : ".");
+
   document.getElementById("model-info").textContent =
     `${meta.images.length} images, ${L} layers x ${meta.heads} heads, ${gh}x${gw} patches; ` +
     `values rounded to 4 decimals; overlays darken the patches attended least`;
@@ -175,6 +264,8 @@ async function main() {
       li.children[1].firstChild.style.width = `${100 * img.probs[k]}%`;
       li.children[2].textContent = fmt(img.probs[k]);
     });
+    dots.forEach((d) => selected(d, state.view === "attention" && +d.dataset.layer === state.layer && +d.dataset.head === state.head));
+    if (state.view === "attention" && state.query !== CLS) drawPositions(state.query - pre);
     for (const { div, l, h } of thumbCells) {
       selected(div, state.view === "attention" && l === state.layer && h === state.head);
       if (imageChanged) {
