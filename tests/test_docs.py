@@ -43,6 +43,9 @@ def text_of(path: Path) -> str | None:
         return None
 
 
+API_NAME = "onnxruntime.inference" + WORD  # a library's class (vit-export's check), not a period
+
+
 def test_no_file_or_path_names_the_word():
     offending = []
     for path in repo_files():
@@ -53,7 +56,7 @@ def test_no_file_or_path_names_the_word():
         if text is None:
             continue
         for number, line in enumerate(text.splitlines(), start=1):
-            if WORD in line.lower():
+            if WORD in line.lower().replace(API_NAME, ""):
                 offending.append(f"{rel}:{number}: {line.strip()[:100]}")
     assert not offending, (
         f"{len(offending)} places say {WORD!r}; name runs by date and machine kind instead:\n"

@@ -162,7 +162,7 @@ from vit.commands import entry
 from vit.system import mkl_amd
 ARGS = {
     "train": ["fit", "--help"], "evaluate": ["--help"], "visualize": ["--help"], "explore": ["--help"],
-    "predict": ["--help"], "inspect": ["--help"],
+    "predict": ["--help"], "inspect": ["--help"], "export": ["--help"],
 }
 class Stop(Exception):
     pass
@@ -192,13 +192,14 @@ def test_each_command_switches_mkl_before_torch_loads_and_helps() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [ln for ln in lines if ln.startswith(("SWITCH", "EXIT"))] == [
-        *["SWITCH torch loaded: False"] * 6,
+        *["SWITCH torch loaded: False"] * 7,
         "EXIT train 0",
         "EXIT evaluate 0",
         "EXIT visualize 0",
         "EXIT explore 0",
         "EXIT predict 0",
         "EXIT inspect 0",
+        "EXIT export 0",
     ]
     usages = (
         "vit-train [options] fit",
@@ -207,6 +208,7 @@ def test_each_command_switches_mkl_before_torch_loads_and_helps() -> None:
         "vit-explore",
         "vit-predict",
         "vit-inspect",
+        "vit-export",
     )
     for usage in (f"usage: {u}" for u in usages):
         assert usage in done.stdout, usage

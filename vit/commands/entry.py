@@ -53,6 +53,14 @@ def inspect() -> None:
     inspect_main()
 
 
+def export() -> None:
+    """`vit-export`: a model as ONNX or a torch.export program (vit/commands/export.py)."""
+    switch_mkl()
+    from vit.commands.export import export_main
+
+    export_main()
+
+
 def predict() -> None:
     """`vit-predict`: the top-k classes of your own images (vit/commands/predict.py)."""
     switch_mkl()

@@ -1,0 +1,100 @@
+"""`vit-export`: a trained model as an ONNX file or a torch.export program, any batch size, then
+checked against PyTorch on a few images (vit/io/export.py does the export)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from vit.data.datasets import CIFAR10_MEAN, CIFAR10_STD
+from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
+from vit.io.export import INPUT, export_onnx, export_program
+from vit.io.load import load_model
+from vit.system.errors import exit_on_user_error
+
+log = logging.getLogger(__name__)
+SUFFIX = {"onnx": ".onnx", "torch-export": ".pt2"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vit-export",
+        description="Export a model for deployment: ONNX (onnxruntime and the runtimes that read "
+        "it; needs pip install 'vit[export]') or a torch.export program (.pt2, "
+        "torch.export.load). Input: float images (B, 3, H, W) of any batch size, scaled to [0, 1] "
+        f"then normalised with mean {CIFAR10_MEAN} and std {CIFAR10_STD} per channel (as "
+        "vit.data.datasets.preprocess does); output: logits (B, classes). The ONNX file's "
+        "metadata holds the class names, mean, std and model config.",
+    )
+    p.add_argument("weights_path", metavar="WEIGHTS", help=CHECKPOINT_HELP)
+    p.add_argument("--format", choices=tuple(SUFFIX), default="onnx", help="default: onnx")
+    p.add_argument(
+        "--output", type=Path, default=None, help="the file to write (default: WEIGHTS' name + "
+        ".onnx or .pt2, in the current folder)",
+    )  # fmt: skip
+    p.add_argument("--weights", choices=WEIGHTS, default=None, help=WEIGHTS_HELP)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    return p
+
+
+def run_export(argv: list[str] | None = None) -> dict:
+    """What `vit-export` does; returns what it wrote and the check's largest difference."""
+    ns = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    output = ns.output or Path(Path(ns.weights_path).stem + SUFFIX[ns.format])
+    if output.is_dir():
+        raise IsADirectoryError(f"--output {str(output)!r} is a folder; name a file.")
+    if output.exists() and not ns.overwrite:
+        raise FileExistsError(
+            f"{str(output)!r} exists and was kept; pass --overwrite to replace it, or choose "
+            f"another --output."
+        )
+    model, ckpt = load_model(ns.weights_path, weights=ns.weights)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if ns.format == "onnx":
+        names = (ckpt.get("hyper_parameters") or {}).get("class_names")
+        metadata = {
+            "source": str(ns.weights_path),
+            "input": f"{INPUT}: float (batch, 3, H, W), [0, 1] then (x - mean) / std per channel",
+            "mean": json.dumps(CIFAR10_MEAN),
+            "std": json.dumps(CIFAR10_STD),
+            "class_names": json.dumps(list(names) if names else None),
+        }
+        export_onnx(model, output, metadata=metadata)
+    else:
+        export_program(model, output)
+    gap = check(model, output, fmt=ns.format)
+    said = (
+        "" if gap is None else f"; on 4 random images its logits are within {gap:.1e} of PyTorch's"
+    )
+    print(f"wrote {output} ({output.stat().st_size / 1e6:.1f} MB, {ns.format}){said}")
+    return {"output": output, "max_abs_diff": gap}
+
+
+def check(model: torch.nn.Module, path: Path, *, fmt: str) -> float | None:
+    """The largest |logit difference| between the written file and `model` on 4 random images;
+    None for ONNX when onnxruntime is not installed."""
+    side = model.patch_embed.img_size
+    x = torch.randn(4, 3, side, side, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = model.eval()(x)
+        if fmt == "torch-export":
+            got = torch.export.load(str(path)).module()(x)
+        else:
+            try:
+                import onnxruntime
+            except ImportError:
+                log.info("onnxruntime is not installed: the file was not checked")
+                return None
+            runtime = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            got = torch.from_numpy(runtime.run(None, {INPUT: x.numpy()})[0])
+    return float((got - expected).abs().max())
+
+
+def export_main(argv: list[str] | None = None) -> None:
+    """`vit-export WEIGHTS [...]`: see --help."""
+    exit_on_user_error(lambda: run_export(argv))
