@@ -245,3 +245,12 @@ def run_checkpoint_distance(ckpt: Path, tmp_path: Path) -> torch.Tensor:
 def test_one_checkpoint_is_not_a_strip(tmp_path, weights) -> None:
     with pytest.raises(ValueError, match=r"takes vit-train \.ckpt files"):
         run_inspect([str(weights), str(weights), "--output-dir", str(tmp_path / "out")])
+
+
+def test_one_step_twice_is_not_a_strip(tmp_path) -> None:
+    from tests.helpers import vit_train_checkpoint
+
+    ckpt = vit_train_checkpoint(tmp_path / "last.ckpt")
+    with pytest.raises(ValueError, match=r"found 1 distinct checkpoint .*a strip needs at least 2"):
+        run_inspect([str(ckpt), str(ckpt), "--output-dir", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

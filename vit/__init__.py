@@ -5,7 +5,7 @@ The public API, in one place:
     import vit
     model = vit.create_model("vit_tiny", num_classes=10)
     model, ckpt = vit.load_model("vit-tiny-d4-cifar10-cpu60")  # a checkpoint, .safetensors or name
-    vit.save_pretrained(model, "my-vit")  # the Hub's layout; vit.from_pretrained("my-vit")
+    model.save_pretrained("my-vit")  # the Hub's layout; vit.VisionTransformer.from_pretrained
     logits, maps = vit.attention_maps(model, images)
 
 Importing it only defines things: each name loads its module on first use (PEP 562), so
@@ -21,20 +21,20 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a native
 
 # name -> the module that defines it
 _API = {
-    "VisionTransformer": "vit.model.vision_transformer",
-    "create_model": "vit.model.vision_transformer",
+    "VisionTransformer": "vit.io.hub_model",
+    "create_model": "vit.io.hub_model",
     "NetworkConfig": "vit.model.config",
     "attention_maps": "vit.maps.capture",
     "query_map": "vit.maps.capture",
     "rollout_map": "vit.maps.rollout",
     "grad_rollout": "vit.maps.rollout",
-    "load_model": "vit.io.load",
+    "load_model": "vit.io.hub_model",
     "load_weights": "vit.io.load",
     "export_safetensors": "vit.io.load",
     "load_safetensors": "vit.io.safetensors_file",
     "load_checkpoint": "vit.io.checkpoint",
     "save_pretrained": "vit.io.hub",
-    "from_pretrained": "vit.io.hub",
+    "from_pretrained": "vit.io.hub_model",
     "push_to_hub": "vit.io.hub",
     "from_timm": "vit.io.timm_interop",
     "to_timm": "vit.io.timm_interop",
@@ -65,14 +65,14 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and editors; never run
     from vit.io.checkpoint import load_checkpoint
-    from vit.io.hub import from_pretrained, push_to_hub, save_pretrained
-    from vit.io.load import export_safetensors, load_model, load_weights
+    from vit.io.hub import push_to_hub, save_pretrained
+    from vit.io.hub_model import VisionTransformer, create_model, from_pretrained, load_model
+    from vit.io.load import export_safetensors, load_weights
     from vit.io.safetensors_file import load_safetensors
     from vit.io.timm_interop import from_timm, to_timm
     from vit.maps.capture import attention_maps, query_map
     from vit.maps.rollout import grad_rollout, rollout_map
     from vit.model.config import NetworkConfig
-    from vit.model.vision_transformer import VisionTransformer, create_model
     from vit.train.datamodule import CIFAR10DataModule
     from vit.train.module import ViTClassifier
 

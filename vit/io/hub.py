@@ -1,8 +1,8 @@
 """Share a model in the Hugging Face Hub's layout: save_pretrained writes config.json,
 model.safetensors and a model card (README.md); from_pretrained reads a folder, a shipped name
-or a Hub repository; push_to_hub uploads a folder. The files are written by hand, as
-huggingface_hub's PyTorchModelHubMixin would, so only downloads and uploads need that package
-(pip install 'vit[hub]').
+or a Hub repository; push_to_hub uploads a folder. vit.VisionTransformer (vit/io/hub_model.py)
+has them as methods, in huggingface_hub's ModelHubMixin conventions; these functions also take
+a checkpoint or any model vit.load_model reads.
 
     import vit
     vit.save_pretrained("runs/digits/version_0/checkpoints/best.ckpt", "vit-digits",
@@ -22,14 +22,16 @@ from typing import Any
 from torch import nn
 
 from vit.io.hub_folder import (
+    ARGUMENTS,
     CARD_FILE,
     CONFIG_FILE,
     HUB_PREFIX,
     WEIGHTS_FILE,
     hub_config_json,
+    hub_download,
     read_hub_config,
 )
-from vit.io.load import load_model, model_kwargs, weights_kind
+from vit.io.load import load_model, made_how, model_kwargs
 from vit.io.pretrained import PRETRAINED
 from vit.io.safetensors_file import SAFETENSORS_FORMAT
 from vit.io.timm_interop import config_of
@@ -76,10 +78,11 @@ def save_pretrained(
             f"outputs; pass one name per class, in label order."
         )
     extra = {**known, **(metadata or {})}
-    bad = sorted(k for k, v in extra.items() if k in OURS or not isinstance(v, str))
+    bad = sorted(k for k, v in extra.items() if k in OURS + ARGUMENTS or not isinstance(v, str))
     if bad:
         raise ValueError(
-            f"metadata keys {bad}: each must be a str -> str entry other than {list(OURS)}; "
+            f"metadata keys {bad}: each must be a str -> str entry other than {list(OURS)} "
+            f"and the constructor's arguments; "
             f"convert values with str() or json.dumps."
         )
     meta = {"format": SAFETENSORS_FORMAT, "config": json.dumps(config)}
@@ -97,16 +100,34 @@ def save_pretrained(
     return folder
 
 
-def from_pretrained(name: str | Path, **overrides: Any) -> VisionTransformer:
-    """A VisionTransformer (eval mode) from a save_pretrained folder, a Hub repository
-    ("owner/name" or "hf-hub:owner/name", downloaded once with huggingface_hub), a shipped name,
-    or a .ckpt / .safetensors file. `overrides` replace constructor arguments (`img_size=48`).
-    Class names and metadata: `vit.load_model(name)` returns them beside the model."""
+def load_pretrained(
+    name: str | Path,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | Path | None = None,
+    local_files_only: bool = False,
+    force_download: bool = False,
+    **overrides: Any,
+) -> tuple[VisionTransformer, dict[str, Any]]:
+    """load_model for what from_pretrained takes: a save_pretrained folder, a Hub repository
+    ("owner/name" or "hf-hub:owner/name", downloaded once with huggingface_hub at `revision`,
+    with `token`, into `cache_dir`), a shipped name, or a .ckpt / .safetensors file. `overrides`
+    replace constructor arguments (`img_size=48`). vit.from_pretrained (vit/io/hub_model.py)
+    gives the model with the Hub's methods."""
     key = str(name)
-    local = Path(key).exists() or key in PRETRAINED or key.startswith(HUB_PREFIX)
-    if not local and _REPO_ID.fullmatch(key):
-        name = HUB_PREFIX + key  # the Hub's convention: a bare owner/name is a repository
-    return load_model(name, **overrides)[0]
+    local = Path(key).exists() or key in PRETRAINED
+    if not local and (key.startswith(HUB_PREFIX) or _REPO_ID.fullmatch(key)):
+        repo = key.removeprefix(HUB_PREFIX)  # the Hub's convention: a bare owner/name
+        options = dict(
+            revision=revision,
+            token=token,
+            cache_dir=None if cache_dir is None else str(cache_dir),
+            local_files_only=local_files_only,
+            force_download=force_download,
+        )
+        name = hub_download(repo, **options)
+    return load_model(name, **overrides)
 
 
 def push_to_hub(
@@ -127,10 +148,8 @@ def push_to_hub(
         raise FileNotFoundError(f"{str(folder)!r} has no {WEIGHTS_FILE}; save the model again.")
     if not _REPO_ID.fullmatch(repo_id):
         raise ValueError(f"repo_id {repo_id!r}: expected owner/name, e.g. your-name/vit-digits.")
-    try:
-        from huggingface_hub import HfApi
-    except ImportError:
-        raise ValueError("push_to_hub needs huggingface_hub: pip install 'vit[hub]'.") from None
+    from huggingface_hub import HfApi
+
     api = HfApi(token=token)
     url = api.create_repo(repo_id, private=private, exist_ok=True)
     api.upload_folder(
@@ -181,14 +200,7 @@ def model_card(metadata: dict[str, str], *, name: str, num_params: int) -> str:
         rows.insert(4, ("started from", metadata["init_from"]))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     return f"""---
-license: mit
-library_name: pytorch
-pipeline_tag: image-classification
-tags:
-- vision-transformer
-- image-classification
-metrics:
-- accuracy
+{card_data(metadata, name=name).to_yaml()}
 ---
 
 # {name}
@@ -218,10 +230,9 @@ vit-train fit -c experiments/finetune.yaml --model.init_from {load_name} \\
 ```python
 import vit
 
-# a plain nn.Module; from the Hub: vit.from_pretrained("owner/name")
-model = vit.from_pretrained("{load_name}")
-# with the class names: info["hyper_parameters"]["class_names"]
-model, info = vit.load_model("{load_name}")
+# an nn.Module; from the Hub: "owner/name" (revision=, token=, cache_dir= as in transformers)
+model = vit.VisionTransformer.from_pretrained("{load_name}")
+print(model.class_names)  # in label order
 ```
 
 ## Files
@@ -229,6 +240,46 @@ model, info = vit.load_model("{load_name}")
 `config.json` (the constructor arguments, class names and the rows above), `model.safetensors`
 (the weights, with the same metadata) and this card.
 """
+
+
+def card_data(metadata: dict[str, str], *, name: str) -> Any:
+    """The card's YAML header (huggingface_hub's ModelCardData): license, library, tags, the
+    dataset, `base_model` for a fine-tune of a Hub model, and the test top-1 as a model-index
+    entry (what the Hub shows as the model's result) when it is known."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    cifar10 = re.search(r"cifar-?10(?!\d)", metadata.get("data", ""), re.IGNORECASE)
+    start = metadata.get("init_from", "")
+    on_hub = start.startswith(HUB_PREFIX) or (  # else a local checkpoint or a shipped name
+        _REPO_ID.fullmatch(start) is not None
+        and Path(start).suffix not in (".ckpt", ".safetensors", ".pt")
+        and not Path(start).exists()
+    )
+    results = None
+    if metadata.get("test_top1") and cifar10:  # a model-index names its dataset
+        results = [
+            EvalResult(
+                task_type="image-classification",
+                task_name="Image classification",
+                dataset_type="cifar10",
+                dataset_name="CIFAR-10",
+                dataset_split="test",
+                metric_type="accuracy",
+                metric_name="top-1 accuracy",
+                metric_value=float(metadata["test_top1"]),
+            )
+        ]
+    return ModelCardData(
+        license="mit",
+        library_name="vit",
+        pipeline_tag="image-classification",
+        tags=["vision-transformer", "image-classification"],
+        datasets=["cifar10"] if cifar10 else None,
+        metrics=["accuracy"],
+        base_model=start.removeprefix(HUB_PREFIX) if on_hub else None,  # a repository id
+        model_name=name if results else None,  # the model-index's name; alone, not a card key
+        eval_results=results,
+    )
 
 
 def shipped_card(name: str) -> str:
@@ -265,12 +316,6 @@ def _from_source(
         known = {k: v for k, v in recorded.items() if k not in OURS}
         config = json.loads(recorded["config"])
     else:  # a vit-train checkpoint
-        known, config = {"weights": weights_kind(info)}, model_kwargs(info)
-        start = (info.get("hyper_parameters") or {}).get("init_from")
-        if start:  # a fine-tuned model: where its weights started
-            known["init_from"] = str(start)
-        data = info.get("datamodule_hyper_parameters") or {}
-        if data.get("data_dir"):
-            known["data"] = f"{data.get('source', 'auto')} source at {data['data_dir']}"
+        known, config = made_how(info), model_kwargs(info)
     names = (info.get("hyper_parameters") or {}).get("class_names")
     return model, config, known, list(names) if names else None

@@ -1,13 +1,16 @@
 """Reading the Hugging Face Hub's layout: a folder of config.json, model.safetensors and a model
 card (README.md), local or downloaded by `hf-hub:owner/name`. Writing it: vit/io/hub.py.
 
-config.json holds what an export_safetensors file keeps in its metadata (format, config,
-class_names, weights, and how the weights were made), with JSON values instead of strings, so
-a folder and a .safetensors file describe a model alike.
+config.json holds what an export_safetensors file keeps in its metadata, with JSON values
+instead of strings, so a folder and a .safetensors file describe a model alike: "format", the
+constructor arguments at the top level (as huggingface_hub's ModelHubMixin reads a config),
+"class_names", and how the weights were made (recipe, test_top1, ...). Folders written before
+2026-11-28 hold the arguments under "config"; they load as they did.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,8 @@ from vit.model.vision_transformer import VisionTransformer
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "model.safetensors", "README.md"
 HUB_PREFIX = "hf-hub:"  # timm's prefix for a Hub repository: hf-hub:owner/name
 JSON_KEYS = ("config", "class_names")  # JSON-encoded in safetensors metadata, plain in config.json
+# the constructor's arguments: top-level keys of config.json
+ARGUMENTS = tuple(inspect.signature(VisionTransformer.__init__).parameters)[1:]
 
 
 def resolve_weights(spec: str | Path) -> Path:
@@ -30,22 +35,21 @@ def resolve_weights(spec: str | Path) -> Path:
     return resolve(spec)
 
 
-def hub_download(repo_id: str) -> Path:
-    """A local copy of a Hub repository's files (huggingface_hub's cache; offline when cached)."""
+def hub_download(repo_id: str, **options: Any) -> Path:
+    """A local copy of a Hub repository's files (huggingface_hub's cache; offline when cached);
+    `options` go to snapshot_download: revision, token, cache_dir, local_files_only,
+    force_download."""
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise ValueError(
             f"{repo_id!r} is not a Hub repository id; expected owner/name, e.g. "
             f"hf-hub:your-name/vit-tiny-digits."
         )
+    from huggingface_hub import snapshot_download
+
     try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ValueError(
-            f"loading {HUB_PREFIX}{repo_id} needs huggingface_hub: pip install 'vit[hub]' (or "
-            f"download the repository's files yourself and pass their folder)."
-        ) from None
-    try:
-        folder = snapshot_download(repo_id, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE])
+        folder = snapshot_download(
+            repo_id, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE], **options
+        )
     except Exception as err:  # not found, private, offline: huggingface_hub has many types
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(
@@ -82,17 +86,30 @@ def read_hub_config(folder: Path) -> dict[str, str]:
             f"{str(path)!r} does not describe a vit model (format {got!r}, expected "
             f"{SAFETENSORS_FORMAT!r}); it was not written by vit.save_pretrained."
         )
-    if not isinstance(config.get("config"), dict):
+    if "config" not in config:  # the arguments at the top level, as ModelHubMixin writes them
+        config["config"] = {k: config.pop(k) for k in ARGUMENTS if k in config}
+        odd = sorted(k for k, v in config.items() if k not in JSON_KEYS and not isinstance(v, str))
+        if odd:  # metadata values are strings: anything else is a misspelt argument
+            raise ValueError(
+                f"{str(path)!r}: {odd} are not VisionTransformer arguments (those are "
+                f"{', '.join(ARGUMENTS)}); fix the names, or make a note a string."
+            )
+    if not isinstance(config.get("config"), dict) or not config["config"]:
         raise ValueError(
-            f"{str(path)!r} has no 'config' object of VisionTransformer arguments; save the model "
-            f"again with vit.save_pretrained."
+            f"{str(path)!r} has no VisionTransformer arguments (expected keys such as "
+            f"embed_dim and depth); save the model again with model.save_pretrained."
         )
     return {k: json.dumps(v) if k in JSON_KEYS else str(v) for k, v in config.items()}
 
 
 def hub_config_json(metadata: dict[str, str]) -> dict[str, Any]:
-    """safetensors metadata (str -> str) as config.json's object: JSON values decoded."""
-    return {k: json.loads(v) if k in JSON_KEYS else v for k, v in metadata.items()}
+    """safetensors metadata (str -> str) as config.json's object: JSON values decoded, the
+    constructor's arguments at the top level after "format"."""
+    out: dict[str, Any] = {"format": metadata["format"], **json.loads(metadata["config"])}
+    for key, value in metadata.items():
+        if key not in ("format", "config"):
+            out[key] = json.loads(value) if key in JSON_KEYS else value
+    return out
 
 
 def hub_folder_model(

@@ -34,7 +34,8 @@ def model_kwargs(ckpt: dict[str, Any]) -> dict[str, Any]:
 def load_model(
     path: str | Path, *, weights: str | None = None, **overrides: Any
 ) -> tuple[VisionTransformer, dict[str, Any]]:
-    """A plain VisionTransformer in eval mode (no Lightning needed), and the checkpoint dict.
+    """A plain VisionTransformer in eval mode (no Lightning needed), and the checkpoint dict
+    (vit.load_model, vit/io/hub_model.py, gives the same model with the Hub's methods).
 
     `path`: a vit-train .ckpt, a .safetensors from export_safetensors, a save_pretrained folder
     (or `hf-hub:owner/name`, downloaded), or the name of shipped weights (vit/io/pretrained.py).
@@ -67,6 +68,19 @@ def load_model(
     model = VisionTransformer(**{**kwargs, **overrides})
     fit_state_dict(model, state, source=str(path))
     return model.eval(), ckpt
+
+
+def made_how(ckpt: dict[str, Any]) -> dict[str, str]:
+    """What a vit-train checkpoint says of how its weights were made, as model-card metadata:
+    which weights, the weights a fine-tune started from, where the data was."""
+    known = {"weights": weights_kind(ckpt)}
+    start = (ckpt.get("hyper_parameters") or {}).get("init_from")
+    if start:
+        known["init_from"] = str(start)
+    data = ckpt.get("datamodule_hyper_parameters") or {}
+    if data.get("data_dir"):
+        known["data"] = f"{data.get('source', 'auto')} source at {data['data_dir']}"
+    return known
 
 
 def weights_kind(ckpt: dict[str, Any]) -> str:
