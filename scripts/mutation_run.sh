@@ -21,6 +21,11 @@ export VIT_HYPOTHESIS_PROFILE=mutation  # tests/conftest.py: no shrinking of fai
 # one thread per test process: a child forked from a process whose OpenMP pool had run hung
 # until mutmut's CPU-time limit killed it (a false "timeout" for most mutants)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# mutmut copies vit/'s Python files again when they change, but not its other files: the
+# explorer page's assets went stale in mutants/ and its browser test failed mutmut's stats run
+if [[ -d mutants/vit ]]; then
+  (cd vit && find . -type f ! -name '*.py' ! -path '*/__pycache__/*' -exec cp --parents {} ../mutants/vit/ \;)
+fi
 if [[ $# -gt 0 ]]; then
   for prefix in "$@"; do nice -n 5 "$MUTMUT" run "$prefix*"; done
 else

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import Phase, settings
 
-from tests.helpers import TINY, train_args, write_image_tree, write_tar
+from tests.helpers import CIFAR_ARCHIVE, TINY, train_args, write_image_tree, write_tar
 from vit.model.vision_transformer import VisionTransformer
 
 # scripts/mutation_run.sh: a failing property stops at its first example instead of shrinking it
@@ -62,6 +62,19 @@ def image_tree(tmp_path: Path) -> Path:
 def image_tree_tgz(image_tree: Path, tmp_path: Path) -> Path:
     """`image_tree` as a .tar.gz under one top-level folder."""
     return write_tar(image_tree, tmp_path / "tiny.tar.gz")
+
+
+@pytest.fixture(scope="package")
+def cifar10_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder holding the JPEG copy of CIFAR-10 decoded once for all tests that score the
+    shipped weights (a --cache-dir or load_folder_source's cache_dir); skips without the copy."""
+    if not CIFAR_ARCHIVE.is_file():
+        pytest.skip(f"needs the JPEG copy of CIFAR-10 at {CIFAR_ARCHIVE}")
+    from vit.data.folder_source import prepare_folder_source
+
+    cache = tmp_path_factory.mktemp("cifar10_cache")
+    prepare_folder_source(CIFAR_ARCHIVE, cache_dir=cache)
+    return cache
 
 
 @pytest.fixture

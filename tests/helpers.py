@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[1]
 CIFAR_ARCHIVE = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
+SHIPPED = "vit-tiny-d4-cifar10-cpu60"  # the weights in vit/io/weights/
+SHIPPED_RUN = REPO / "experiments" / "record" / "results" / "2026-11-27-amx-seed0"  # made them
+
+
+def recorded_test_metrics() -> dict:
+    """The shipped weights' run's stored test metrics (vit-evaluate's metrics_test.json), not
+    the weights' word: top1 over CIFAR-10's 10,000 test images, per_class, ..."""
+    return json.loads((SHIPPED_RUN / "metrics_test.json").read_text())
+
 
 # /proc/cpuinfo of an AMD CPU with AVX2 and FMA (two cores), for vit.system.mkl_amd's checks
 AMD = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma\n\nvendor_id\t: AuthenticAMD\n"

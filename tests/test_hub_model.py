@@ -73,15 +73,43 @@ def test_every_model_handed_out_has_the_methods(tmp_path: Path) -> None:
     assert torch.equal(plain(x), handed["from_pretrained(shipped)"](x))
 
 
+def test_a_timm_model_converts_to_the_hub_class(tmp_path: Path) -> None:
+    timm = pytest.importorskip("timm")
+    source = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, num_classes=10, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0
+    ).eval()
+    model = vit.from_timm(source)
+    assert type(model) is vit.VisionTransformer
+    model.save_pretrained(tmp_path / "from-timm")
+    x = torch.randn(2, 3, 32, 32)
+    again = vit.VisionTransformer.from_pretrained(tmp_path / "from-timm")
+    assert torch.equal(again(x), model(x))
+
+
 def test_a_folder_of_the_older_layout_loads(tmp_path: Path) -> None:
     model = tiny()
-    folder = save_pretrained(model, tmp_path / "old", class_names=NAMES)
-    config = json.loads((folder / "config.json").read_text())
-    arguments = {k: config.pop(k) for k in list(config) if k in vit.io.hub_folder.ARGUMENTS}
-    (folder / "config.json").write_text(json.dumps({**config, "config": arguments}))  # nested
+    folder = save_pretrained(model, tmp_path / "old")  # the weights file's format is unchanged
+    # config.json as vit wrote it before 2026-11-28, by hand: the arguments nested in "config"
+    older = {
+        "format": "vit.VisionTransformer",
+        "config": {
+            **{"img_size": 32, "patch_size": 8, "in_chans": 3, "num_classes": 10},
+            **{"embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0, "qkv_bias": True},
+            **{"class_token": True, "global_pool": "token", "pos_embed": "learned"},
+            **{"lsa": True, "spt": False},
+        },
+        "class_names": NAMES,
+        "recipe": "experiments/finetune.yaml",
+        "test_top1": "0.912",
+    }
+    (folder / "config.json").write_text(json.dumps(older, indent=2))
     again = vit.VisionTransformer.from_pretrained(folder)
     x = torch.randn(2, 3, 32, 32)
     assert torch.equal(again(x), model(x)) and again.class_names == NAMES
+    assert again.card_metadata == {"recipe": "experiments/finetune.yaml", "test_top1": "0.912"}
+    again.save_pretrained(tmp_path / "new")  # saved again: the new layout, the same model
+    config = json.loads((tmp_path / "new" / "config.json").read_text())
+    assert "config" not in config and config["lsa"] is True and config["test_top1"] == "0.912"
 
 
 def test_the_download_options_reach_huggingface_hub(tmp_path: Path, monkeypatch) -> None:
@@ -160,11 +188,34 @@ def test_bad_folders_are_named(tmp_path: Path) -> None:
     (folder / "config.json").write_text(json.dumps({**config, "embed_dimm": 64}))
     with pytest.raises(ValueError, match=r"\['embed_dimm'\] are not VisionTransformer arguments"):
         vit.VisionTransformer.from_pretrained(folder)
+    # a string value would pass for a note: its closeness to an argument's name gives it away
+    (folder / "config.json").write_text(json.dumps({**config, "global_pol": "avg"}))
+    with pytest.raises(ValueError, match="'global_pol': did you mean 'global_pool'"):
+        vit.VisionTransformer.from_pretrained(folder)
     (folder / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
-    with pytest.raises(ValueError, match="does not describe a vit model"):
+    with pytest.raises(
+        ValueError, match=r"keys \['architectures'\] are another library's\. Load it with"
+    ):
         vit.VisionTransformer.from_pretrained(folder)
     (folder / "config.json").unlink()
-    with pytest.raises(IsADirectoryError, match=re.escape("not one save_pretrained wrote")):
+    with pytest.raises(IsADirectoryError, match=re.escape("expected config.json and model.")):
         vit.VisionTransformer.from_pretrained(folder)
     with pytest.raises(ValueError, match=r"metadata keys \['depth'\]"):
         save_pretrained(tiny(), tmp_path / "x", metadata={"depth": "3"})  # an argument's name
+    model = tiny()
+    model.card_metadata = {"kernal": "fused"}  # would read back as a misspelt argument
+    with pytest.raises(ValueError, match=r"metadata keys \['kernal'\]"):
+        model.save_pretrained(tmp_path / "y")
+
+
+def test_generate_model_card_is_the_card_save_pretrained_writes(tmp_path: Path) -> None:
+    model = tiny()
+    model.class_names, model.card_metadata = NAMES, {"data": "CIFAR-10", "test_top1": "0.9"}
+    model.save_pretrained(tmp_path / "my-vit")
+    card = model.generate_model_card(name="my-vit")
+    assert str(card) == (tmp_path / "my-vit" / "README.md").read_text()
+    # the header holds all the mixin was told in the class statement, and the mixin's own tag
+    told = vit.VisionTransformer._hub_mixin_info.model_card_data.to_dict()
+    assert told["library_name"] == "vit" and "model_hub_mixin" in told["tags"]
+    assert {k: card.data.to_dict()[k] for k in told} == told
+    assert card.data.eval_results[0].metric_value == 0.9  # the model-index, read back

@@ -99,6 +99,8 @@ def test_mean_attention_distance_matches_a_loop_over_images_and_heads() -> None:
                     d = sum(row[k] * math.dist(points[q], points[k]) for k in range(16))
                     expected[layer, h] += d / row.sum() / (5 * 16)
     torch.testing.assert_close(result.patches, expected, rtol=0, atol=F64_TOL)
+    share = torch.stack([w[:, :, 1:, 0].double().mean(dim=(0, 2)) for w in maps])  # on CLS
+    torch.testing.assert_close(result.cls_share, share, rtol=0, atol=F64_TOL)
     torch.testing.assert_close(result.pixels, expected * 8, rtol=0, atol=8 * F64_TOL)
     assert result.images == 5 and result.patch_size == 8
     assert result.uniform == pytest.approx(patch_distances((4, 4)).mean().item())
@@ -188,3 +190,12 @@ def test_position_similarity_without_a_class_token_uses_every_row() -> None:
     assert sim.shape == (16, 16)
     pos = model.pos_embed.detach()[0].double()
     torch.testing.assert_close(sim[3, 7], torch.cosine_similarity(pos[3], pos[7], dim=0))
+
+
+def test_filter_components_take_one_and_stop_at_the_number_of_filters() -> None:
+    model = VisionTransformer(**TINY)  # 32 filters of 3 x 8 x 8 = 192 numbers
+    one, ratio = filter_components(model, k=1)
+    assert one.shape == (1, 1, 3, 8, 8) and ratio.shape == (1,)
+    comps, ratio = filter_components(model, k=40)  # more than 32 filters have components
+    assert comps.shape[0] == ratio.shape[0] == 32
+    assert ratio.sum().item() == pytest.approx(1.0, abs=1e-12)  # all the variance, once

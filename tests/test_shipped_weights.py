@@ -6,13 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
-from tests.helpers import CIFAR_ARCHIVE, REPO
+from tests.helpers import CIFAR_ARCHIVE, SHIPPED, SHIPPED_RUN, recorded_test_metrics
 from vit.io.pretrained import PRETRAINED, resolve
-
-NAME = "vit-tiny-d4-cifar10-cpu60"
-RUN = REPO / "experiments" / "record" / "results" / "2026-11-27-amx-seed0"  # the run they came from
 
 
 def metadata(name: str) -> dict[str, str]:
@@ -22,14 +17,9 @@ def metadata(name: str) -> dict[str, str]:
         return f.metadata()
 
 
-def recorded() -> dict:
-    """The run's stored test metrics (vit-evaluate's metrics_test.json), not the weights' word."""
-    return json.loads((RUN / "metrics_test.json").read_text())
-
-
 def test_the_shipped_weights_say_how_they_were_made() -> None:
-    meta = metadata(NAME)
-    assert NAME in PRETRAINED
+    meta = metadata(SHIPPED)
+    assert SHIPPED in PRETRAINED
     assert meta["recipe"] == "experiments/cpu60.yaml" and meta["weights"] == "average"
     config = json.loads(meta["config"])
     assert (config["depth"], config["embed_dim"], config["spt"], config["lsa"]) == (
@@ -39,24 +29,26 @@ def test_the_shipped_weights_say_how_they_were_made() -> None:
         True,
     )
     assert json.loads(meta["class_names"])[:2] == ["airplane", "automobile"]
-    assert resolve(NAME).stat().st_size < 8_000_000  # a few MB
+    assert resolve(SHIPPED).stat().st_size < 8_000_000  # a few MB
 
 
 def test_the_metadata_names_the_run_and_its_recorded_test_accuracy() -> None:
-    meta, run = metadata(NAME), recorded()
-    assert Path(meta["results"]).name == RUN.name  # the run folder (its parent has since moved)
+    meta, run = metadata(SHIPPED), recorded_test_metrics()
+    assert Path(meta["results"]).name == SHIPPED_RUN.name  # its folder (whose parent has moved)
     assert (run["split"], run["num_images"], run["flip"]) == ("test", 10_000, False)
     assert run["weights"] == meta["weights"] == "average"
     assert float(meta["test_top1"]) == run["top1"]  # 0.8529: swapped metadata would differ
 
 
-@pytest.mark.skipif(not CIFAR_ARCHIVE.is_file(), reason=f"needs the JPEG copy at {CIFAR_ARCHIVE}")
-def test_the_shipped_weights_score_their_recorded_test_accuracy(tmp_path) -> None:
+def test_the_shipped_weights_score_their_recorded_test_accuracy(
+    tmp_path: Path, cifar10_cache: Path
+) -> None:
     from vit.commands.evaluate import run_evaluate
 
     result = run_evaluate(
-        [NAME, "--data-dir", str(CIFAR_ARCHIVE), "--cache-dir", str(tmp_path / "cache"),
+        [SHIPPED, "--data-dir", str(CIFAR_ARCHIVE), "--cache-dir", str(cifar10_cache),
          "--output-dir", str(tmp_path / "eval")]
     )  # fmt: skip
     assert result["num_images"] == 10_000
-    assert abs(result["top1"] - recorded()["top1"]) <= 0.0005  # 0.05 points of the stored run's
+    top1 = recorded_test_metrics()["top1"]
+    assert abs(result["top1"] - top1) <= 0.0005  # 0.05 points of the stored run's

@@ -31,12 +31,14 @@ _API = {
     "load_model": "vit.io.hub_model",
     "load_weights": "vit.io.load",
     "export_safetensors": "vit.io.load",
+    "export_onnx": "vit.io.export",
+    "export_program": "vit.io.export",
     "load_safetensors": "vit.io.safetensors_file",
     "load_checkpoint": "vit.io.checkpoint",
     "save_pretrained": "vit.io.hub",
     "from_pretrained": "vit.io.hub_model",
     "push_to_hub": "vit.io.hub",
-    "from_timm": "vit.io.timm_interop",
+    "from_timm": "vit.io.hub_model",
     "to_timm": "vit.io.timm_interop",
     "ViTClassifier": "vit.train.module",
     "CIFAR10DataModule": "vit.train.datamodule",
@@ -48,6 +50,8 @@ __all__ = [
     "VisionTransformer",
     "attention_maps",
     "create_model",
+    "export_onnx",
+    "export_program",
     "export_safetensors",
     "from_pretrained",
     "from_timm",
@@ -65,11 +69,18 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and editors; never run
     from vit.io.checkpoint import load_checkpoint
+    from vit.io.export import export_onnx, export_program
     from vit.io.hub import push_to_hub, save_pretrained
-    from vit.io.hub_model import VisionTransformer, create_model, from_pretrained, load_model
+    from vit.io.hub_model import (
+        VisionTransformer,
+        create_model,
+        from_pretrained,
+        from_timm,
+        load_model,
+    )
     from vit.io.load import export_safetensors, load_weights
     from vit.io.safetensors_file import load_safetensors
-    from vit.io.timm_interop import from_timm, to_timm
+    from vit.io.timm_interop import to_timm
     from vit.maps.capture import attention_maps, query_map
     from vit.maps.rollout import grad_rollout, rollout_map
     from vit.model.config import NetworkConfig

@@ -1,16 +1,18 @@
 """A model for deployment: an ONNX file (onnxruntime, TensorRT, OpenVINO, ...) or a torch.export
 program (.pt2), each taking any batch size of float images (B, 3, H, W), normalised.
 
-    import vit
-    from vit.io.export import export_onnx
+    import json, vit
+    from vit.io.export import export_onnx, export_program
     model, _ = vit.load_model("vit-tiny-d4-cifar10-cpu60")
-    export_onnx(model, "vit.onnx", metadata={"class_names": "..."})
+    export_onnx(model, "vit.onnx", metadata={"class_names": json.dumps(model.class_names)})
+    export_program(model, "vit.pt2")  # torch.export.load("vit.pt2").module()(images)
 
 ONNX needs the `export` extra (pip install 'vit[export]'); torch.export is torch's own.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -20,12 +22,15 @@ from torch import nn
 from vit.io.timm_interop import config_of
 from vit.model.vision_transformer import VisionTransformer
 
-# The attention kernel of an exported model. The explicit path masks locality self-attention's
-# diagonal in place, which torch.export's functional graph refuses; the fused kernel takes that
-# mask as a boolean input and becomes plain MatMul/Softmax/Where ops in ONNX.
+# The attention kernel of an exported model. The explicit path writes locality self-attention's
+# -inf diagonal in place, and the ONNX exporter's decomposition (aot_autograd) refuses that
+# mutation; the fused kernel takes the diagonal as a boolean mask and becomes plain
+# MatMul/Softmax/Where ops. It is also what `auto` runs in float32 on CPU, so the file computes
+# what the model computes there.
 EXPORT_KERNEL = "fused"
 INPUT, OUTPUT = "images", "logits"
 MAX_BATCH = 65_536  # the batch dimension's upper bound in the exported shapes
+ONNX_PACKAGES = ("onnx", "onnxscript")  # onnxscript: what torch's ONNX exporter writes with
 
 
 def for_export(model: nn.Module) -> VisionTransformer:
@@ -40,6 +45,23 @@ def for_export(model: nn.Module) -> VisionTransformer:
     return pinned.eval()
 
 
+def require_onnx() -> None:
+    """Fail, naming the extra to install, unless the packages ONNX export needs import (an
+    import, not a look-up: a broken or mismatched install fails here too, not mid-export)."""
+    missing = []
+    for name in ONNX_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            missing.append(f"{name}: {err}")
+    if missing:
+        raise ValueError(
+            f"ONNX export needs {' and '.join(ONNX_PACKAGES)}, which do not import "
+            f"({'; '.join(missing)}): pip install 'vit[export]' (from a checkout: "
+            f"pip install -e '.[export]')."
+        )
+
+
 def _example(model: VisionTransformer) -> tuple[torch.Tensor]:
     side = model.patch_embed.img_size
     return (torch.zeros(2, model.patch_embed.in_chans, side, side),)  # 2: not specialised to 1
@@ -50,26 +72,25 @@ def _batch_dim() -> dict[str, dict[int, torch.export.Dim]]:
 
 
 def export_program(model: nn.Module, path: str | Path) -> Path:
-    """`model` as a torch.export program with a dynamic batch, saved to `path` (.pt2); load it
-    with torch.export.load(path).module()."""
+    """`model` as a torch.export program with a dynamic batch, saved to `path` (.pt2; missing
+    folders are made); load it with torch.export.load(path).module()."""
     pinned = for_export(model)
     program = torch.export.export(pinned, _example(pinned), dynamic_shapes=_batch_dim())
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(path))
-    return Path(path)
+    return path
 
 
 def export_onnx(
     model: nn.Module, path: str | Path, *, metadata: dict[str, str] | None = None
 ) -> Path:
-    """`model` as one ONNX file (weights inside) with input "images" (batch, 3, H, W) and output
-    "logits" (batch, classes); the model's config and `metadata` go into its metadata_props."""
-    try:
-        import onnx
-        import onnxscript  # noqa: F401  (torch's ONNX exporter needs it)
-    except ImportError:
-        raise ValueError(
-            "ONNX export needs onnx and onnxscript: pip install 'vit[export]'."
-        ) from None
+    """`model` as one ONNX file (weights inside; missing folders are made) with input "images"
+    (batch, 3, H, W) and output "logits" (batch, classes); the model's config and `metadata`
+    (str -> str) go into its metadata_props."""
+    require_onnx()
+    import onnx
+
     pinned = for_export(model)
     program = torch.onnx.export(
         pinned,
@@ -80,8 +101,10 @@ def export_onnx(
         dynamo=True,
         verbose=False,
     )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     program.save(str(path), external_data=False)  # one file: the weights are a few MB
     proto = onnx.load(str(path))
     onnx.helper.set_model_props(proto, {"config": json.dumps(config_of(model)), **(metadata or {})})
     onnx.save(proto, str(path))
-    return Path(path)
+    return path

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from vit.model.vision_transformer import VisionTransformer
 
 CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "model.safetensors", "README.md"
 HUB_PREFIX = "hf-hub:"  # timm's prefix for a Hub repository: hf-hub:owner/name
+REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")  # the Hub's owner/name
 JSON_KEYS = ("config", "class_names")  # JSON-encoded in safetensors metadata, plain in config.json
 # the constructor's arguments: top-level keys of config.json
 ARGUMENTS = tuple(inspect.signature(VisionTransformer.__init__).parameters)[1:]
@@ -81,18 +84,17 @@ def read_hub_config(folder: Path) -> dict[str, str]:
             f"{str(path)!r} is not valid JSON ({err}); save the model again."
         ) from None
     if not isinstance(config, dict) or config.get("format") != SAFETENSORS_FORMAT:
-        got = config.get("format") if isinstance(config, dict) else type(config).__name__
-        raise ValueError(
-            f"{str(path)!r} does not describe a vit model (format {got!r}, expected "
-            f"{SAFETENSORS_FORMAT!r}); it was not written by vit.save_pretrained."
-        )
+        raise ValueError(_foreign(path, config))
     if "config" not in config:  # the arguments at the top level, as ModelHubMixin writes them
         config["config"] = {k: config.pop(k) for k in ARGUMENTS if k in config}
-        odd = sorted(k for k, v in config.items() if k not in JSON_KEYS and not isinstance(v, str))
-        if odd:  # metadata values are strings: anything else is a misspelt argument
+        odd = sorted(k for k, v in config.items() if k not in JSON_KEYS and misspelt_argument(k, v))
+        if odd:
+            near = {k: get_close_matches(k, ARGUMENTS, n=1, cutoff=0.8) for k in odd}
+            hints = "; ".join(f"{k!r}: did you mean {m[0]!r}?" for k, m in near.items() if m)
             raise ValueError(
                 f"{str(path)!r}: {odd} are not VisionTransformer arguments (those are "
-                f"{', '.join(ARGUMENTS)}); fix the names, or make a note a string."
+                f"{', '.join(ARGUMENTS)}){'; ' + hints if hints else ''}. Fix the names in "
+                f"config.json, or make a note's value a string."
             )
     if not isinstance(config.get("config"), dict) or not config["config"]:
         raise ValueError(
@@ -100,6 +102,31 @@ def read_hub_config(folder: Path) -> dict[str, str]:
             f"embed_dim and depth); save the model again with model.save_pretrained."
         )
     return {k: json.dumps(v) if k in JSON_KEYS else str(v) for k, v in config.items()}
+
+
+def misspelt_argument(key: str, value: Any) -> bool:
+    """A top-level key of config.json that is no argument: notes are str -> str, so anything
+    else, or a name one letter or two from an argument's (global_pol), is a typo."""
+    return not isinstance(value, str) or bool(get_close_matches(key, ARGUMENTS, n=1, cutoff=0.8))
+
+
+def _foreign(path: Path, config: object) -> str:
+    """Why a config.json is not vit's, and what to do instead."""
+    if not isinstance(config, dict):
+        return (
+            f"{str(path)!r} holds a JSON {type(config).__name__}, expected an object with "
+            f'"format": {SAFETENSORS_FORMAT!r}; save the model again with model.save_pretrained.'
+        )
+    other = [
+        k for k in ("architectures", "model_type", "architecture", "_name_or_path") if k in config
+    ]
+    origin = f"; its keys {other} are another library's" if other else ""
+    return (
+        f"{str(path)!r} does not describe a vit model: format {config.get('format')!r}, expected "
+        f"{SAFETENSORS_FORMAT!r}{origin}. Load it with the library that wrote it (timm weights "
+        f"convert with vit.from_timm), or point at a folder that model.save_pretrained or "
+        f"vit.save_pretrained wrote."
+    )
 
 
 def hub_config_json(metadata: dict[str, str]) -> dict[str, Any]:

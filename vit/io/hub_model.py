@@ -17,9 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import ModelHubMixin
+from huggingface_hub import ModelCard, ModelHubMixin
 
-from vit.io import load
+from vit.io import load, timm_interop
+from vit.io.hub import OURS, load_pretrained, model_card, pretrained_metadata, save_pretrained
+from vit.io.hub_card import HEADER
 from vit.io.load import made_how
 from vit.model import vision_transformer
 
@@ -27,10 +29,7 @@ from vit.model import vision_transformer
 class VisionTransformer(
     vision_transformer.VisionTransformer,
     ModelHubMixin,
-    library_name="vit",
-    license="mit",
-    pipeline_tag="image-classification",
-    tags=["vision-transformer", "image-classification"],
+    **HEADER,  # library vit, MIT, image classification: the card's header (vit/io/hub_card.py)
 ):
     """vit.model.VisionTransformer with the Hub's methods; `class_names` and `card_metadata`
     (how the weights were made: recipe, test_top1, ...) travel into what save_pretrained writes."""
@@ -39,16 +38,23 @@ class VisionTransformer(
     card_metadata: dict[str, str] | None = None
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        """The mixin's hook: vit's writer, so config.json and the card are vit's own."""
-        from vit.io.hub import save_pretrained
-
-        save_pretrained(  # vit.io.hub imports no hub_model: no cycle
+        """The mixin's hook: vit's writer, so config.json and the card are vit's own. The card
+        is replaced too (the mixin keeps an existing README.md): it states the accuracy of the
+        weights beside it, which a stale one would misreport."""
+        save_pretrained(
             self,
             save_directory,
             class_names=self.class_names,
             metadata=self.card_metadata,
             overwrite=True,  # the mixin's save_pretrained replaces a folder's files, as HF does
         )
+
+    def generate_model_card(self, *args: Any, name: str = "vit-model", **kwargs: Any) -> ModelCard:
+        """vit's model card (what save_pretrained writes as README.md), not the mixin's template;
+        `name` is the card's title, save_pretrained's folder name."""
+        meta = pretrained_metadata(self, class_names=self.class_names, metadata=self.card_metadata)
+        params = sum(p.numel() for p in self.parameters())
+        return ModelCard(model_card(meta, name=name, num_params=params))
 
     @classmethod
     def from_pretrained(
@@ -92,12 +98,14 @@ def as_hub_model(
     return model
 
 
-def _handed_out(model: vision_transformer.VisionTransformer, info: dict[str, Any]):
+def _handed_out(
+    model: vision_transformer.VisionTransformer, info: dict[str, Any]
+) -> VisionTransformer:
     """load_model's model as the Hub class, with its class names and how it was made."""
     names = (info.get("hyper_parameters") or {}).get("class_names")
     recorded = info.get("safetensors_metadata")
     if recorded is not None:  # a .safetensors, a folder or shipped weights
-        made = {k: v for k, v in recorded.items() if k not in ("format", "config", "class_names")}
+        made = {k: v for k, v in recorded.items() if k not in OURS}
     else:
         made = made_how(info)
     return as_hub_model(model, class_names=names, card_metadata=made)
@@ -116,8 +124,6 @@ def from_pretrained(name: str | Path, **options: Any) -> VisionTransformer:
     """vit.from_pretrained: a model (eval mode) from a save_pretrained folder, a Hub repository
     ("owner/name"; revision=, token=, cache_dir=, local_files_only=, force_download=), a shipped
     name, or a .ckpt / .safetensors file; other keywords replace constructor arguments."""
-    from vit.io.hub import load_pretrained
-
     return _handed_out(*load_pretrained(name, **options))
 
 
@@ -125,3 +131,9 @@ def create_model(preset: str, **overrides: Any) -> VisionTransformer:
     """vit.create_model: a preset by name (vit.model's presets), any constructor argument
     overridden, with the Hub's methods."""
     return VisionTransformer(**vision_transformer.model_config(preset, **overrides))
+
+
+def from_timm(timm_model: Any, **overrides: Any) -> VisionTransformer:
+    """vit.from_timm: a timm ViT's weights in vit's model (vit/io/timm_interop.py), with the
+    Hub's methods, ready for save_pretrained."""
+    return as_hub_model(timm_interop.from_timm(timm_model, **overrides))
