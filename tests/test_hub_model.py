@@ -154,9 +154,11 @@ def test_push_to_hub_uploads_what_save_pretrained_writes(tmp_path: Path, monkeyp
         def upload_folder(self, *, repo_id: str, folder_path: str, **kwargs: object) -> str:
             files = sorted(p.name for p in Path(folder_path).iterdir())
             config = json.loads((Path(folder_path) / "config.json").read_text())
+            cards.append((Path(folder_path) / "README.md").read_text())
             uploads.append((repo_id, files, config["class_names"], self.token))
             return f"https://huggingface.co/{repo_id}/commit/0"
 
+    cards: list[str] = []
     monkeypatch.setattr(huggingface_hub.hub_mixin, "HfApi", HfApi)
     model = tiny()
     model.class_names = NAMES
@@ -164,6 +166,13 @@ def test_push_to_hub_uploads_what_save_pretrained_writes(tmp_path: Path, monkeyp
     assert uploads == [
         ("me/tiny-vit", ["README.md", "config.json", "model.safetensors"], NAMES, "t0k")
     ]
+    # the uploaded card tells its readers to load the repository, not a folder of the uploader's
+    assert 'vit.VisionTransformer.from_pretrained("me/tiny-vit")' in cards[0]
+    assert "vit-predict hf-hub:me/tiny-vit photo.jpg" in cards[0] and "path/to" not in cards[0]
+    model.push_to_hub("tiny-vit")  # no owner yet (the Hub adds it): the card names no repository
+    assert 'from_pretrained("path/to/tiny-vit")' in cards[1]
+    model.save_pretrained(tmp_path / "later")  # after a push, a folder's card is a folder's again
+    assert 'from_pretrained("path/to/later")' in (tmp_path / "later" / "README.md").read_text()
 
 
 def test_the_cards_header_is_what_the_hub_reads(tmp_path: Path) -> None:
@@ -180,6 +189,22 @@ def test_the_cards_header_is_what_the_hub_reads(tmp_path: Path) -> None:
     assert front["base_model"] == "owner/base-vit"
     local = save_pretrained(tiny(), tmp_path / "local", metadata={"init_from": "runs/x.ckpt"})
     assert "base_model" not in yaml.safe_load((local / "README.md").read_text().split("---\n")[1])
+
+
+def test_a_fine_tunes_card_names_the_base_its_checkpoint_records(tmp_path: Path) -> None:
+    """vit-train records --model.init_from in the checkpoint's hyper_parameters; from there it
+    reaches the card's base_model, through vit.load_model's model and through the function."""
+    ckpt = vit_train_checkpoint(tmp_path / "tuned.ckpt")
+    saved = torch.load(ckpt, weights_only=True)
+    saved["hyper_parameters"]["init_from"] = "hf-hub:owner/base-vit"
+    torch.save(saved, ckpt)
+    model, _ = vit.load_model(ckpt)
+    model.save_pretrained(tmp_path / "method")
+    save_pretrained(ckpt, tmp_path / "function")
+    for folder in ("method", "function"):
+        card = (tmp_path / folder / "README.md").read_text()
+        assert yaml.safe_load(card.split("---\n")[1])["base_model"] == "owner/base-vit", folder
+        assert "| started from | hf-hub:owner/base-vit |" in card, folder
 
 
 def test_bad_folders_are_named(tmp_path: Path) -> None:
@@ -202,6 +227,8 @@ def test_bad_folders_are_named(tmp_path: Path) -> None:
         vit.VisionTransformer.from_pretrained(folder)
     with pytest.raises(ValueError, match=r"metadata keys \['depth'\]"):
         save_pretrained(tiny(), tmp_path / "x", metadata={"depth": "3"})  # an argument's name
+    with pytest.raises(ValueError, match="repo_id 'no-owner': expected owner/name"):
+        save_pretrained(tiny(), tmp_path / "z", repo_id="no-owner")  # the card would name it
     model = tiny()
     model.card_metadata = {"kernal": "fused"}  # would read back as a misspelt argument
     with pytest.raises(ValueError, match=r"metadata keys \['kernal'\]"):

@@ -6,7 +6,8 @@ a checkpoint or any model vit.load_model reads. The card itself: vit/io/hub_card
 
     import vit
     vit.save_pretrained("runs/digits/version_0/checkpoints/best.ckpt", "vit-digits",
-                        metadata={"test_top1": "0.95", "data": "scikit-learn digits, 360 test"})
+                        metadata={"test_top1": "0.95", "data": "scikit-learn digits, 360 test"},
+                        repo_id="your-name/vit-digits")  # the card's use lines load it
     vit.push_to_hub("vit-digits", "your-name/vit-digits")   # after `hf auth login`
     model = vit.from_pretrained("your-name/vit-digits")     # anyone, anywhere
 """
@@ -51,6 +52,7 @@ def save_pretrained(
     class_names: Sequence[str] | None = None,
     metadata: dict[str, str] | None = None,
     overwrite: bool = False,
+    repo_id: str | None = None,
 ) -> Path:
     """Write `folder`/config.json, model.safetensors and README.md (the model card).
 
@@ -63,8 +65,12 @@ def save_pretrained(
         metadata: How the weights were made, str -> str, for the card: recipe, data, test_top1
             (a fraction, e.g. "0.9528"), trained_on, command, results; more keys are kept too.
         overwrite: Replace the files of a folder that already holds some.
+        repo_id: The Hub repository (owner/name) the folder is for: the card's use lines load
+            it (default: the folder, or the shipped name).
     """
     folder = Path(folder)
+    if repo_id is not None and not REPO_ID.fullmatch(repo_id):
+        raise ValueError(f"repo_id {repo_id!r}: expected owner/name, e.g. your-name/vit-digits.")
     _check_folder(folder, overwrite=overwrite)
     known: dict[str, str] = {}
     config = None
@@ -81,7 +87,8 @@ def save_pretrained(
     save_file(state, str(folder / WEIGHTS_FILE), metadata=meta)
     (folder / CONFIG_FILE).write_text(json.dumps(hub_config_json(meta), indent=2) + "\n")
     params = sum(p.numel() for p in model.parameters())
-    (folder / CARD_FILE).write_text(model_card(meta, name=folder.name, num_params=params))
+    card = model_card(meta, name=folder.name, num_params=params, repo_id=repo_id)
+    (folder / CARD_FILE).write_text(card)
     return folder
 
 

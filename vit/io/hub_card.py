@@ -26,9 +26,12 @@ HEADER = {
 }
 
 
-def model_card(metadata: dict[str, str], *, name: str, num_params: int) -> str:
+def model_card(
+    metadata: dict[str, str], *, name: str, num_params: int, repo_id: str | None = None
+) -> str:
     """The README.md of a model: architecture, classes, recipe, data, test accuracy, command,
-    the inputs it expects and how to use it, from safetensors-style metadata."""
+    the inputs it expects and how to use it, from safetensors-style metadata. The use lines load
+    `repo_id` (owner/name) when the card is for a Hub repository, else a shipped name or a folder."""
     cfg = json.loads(metadata["config"])
     names = json.loads(metadata["class_names"]) if "class_names" in metadata else None
     side, patch = cfg["img_size"], cfg["patch_size"]
@@ -48,7 +51,8 @@ def model_card(metadata: dict[str, str], *, name: str, num_params: int) -> str:
     top1 = metadata.get("test_top1")
     score = f"{float(top1):.2%}" if top1 else f"{missing} (save_pretrained's metadata test_top1)"
     mean, std = (", ".join(f"{v:.4f}" for v in t) for t in (MEAN, STD))
-    load_name = name if name in PRETRAINED else f"path/to/{name}"
+    load_name = repo_id or (name if name in PRETRAINED else f"path/to/{name}")
+    cli_name = f"{HUB_PREFIX}{repo_id}" if repo_id else load_name  # the commands' Hub prefix
     rows = [
         ("architecture", f"Vision Transformer: {arch}"),
         ("parameters", f"{num_params / 1e6:.2f} M"),
@@ -87,8 +91,8 @@ and standard deviation ({std}), as in training.
 ## Use
 
 ```bash
-vit-predict {load_name} photo.jpg my_photos/ --top-k 3 --output predictions.csv
-vit-train fit -c experiments/finetune.yaml --model.init_from {load_name} \\
+vit-predict {cli_name} photo.jpg my_photos/ --top-k 3 --output predictions.csv
+vit-train fit -c experiments/finetune.yaml --model.init_from {cli_name} \\
   --data.data_dir my_images/ --model.network.num_classes N
 ```
 

@@ -22,6 +22,7 @@ from huggingface_hub import ModelCard, ModelHubMixin
 from vit.io import load, timm_interop
 from vit.io.hub import OURS, load_pretrained, model_card, pretrained_metadata, save_pretrained
 from vit.io.hub_card import HEADER
+from vit.io.hub_folder import REPO_ID
 from vit.io.load import made_how
 from vit.model import vision_transformer
 
@@ -36,6 +37,7 @@ class VisionTransformer(
 
     class_names: list[str] | None = None
     card_metadata: dict[str, str] | None = None
+    _card_repo_id: str | None = None  # while push_to_hub writes: the repository the card loads
 
     def _save_pretrained(self, save_directory: Path) -> None:
         """The mixin's hook: vit's writer, so config.json and the card are vit's own. The card
@@ -47,14 +49,28 @@ class VisionTransformer(
             class_names=self.class_names,
             metadata=self.card_metadata,
             overwrite=True,  # the mixin's save_pretrained replaces a folder's files, as HF does
+            repo_id=self._card_repo_id,
         )
 
-    def generate_model_card(self, *args: Any, name: str = "vit-model", **kwargs: Any) -> ModelCard:
+    def push_to_hub(self, repo_id: str, **options: Any) -> str:
+        """The mixin's push_to_hub (commit_message, private, token, branch, create_pr, ...): it
+        saves to a temporary folder and uploads it; the card's use lines load `repo_id`."""
+        # a bare name gets its owner from the Hub (create_repo): the card cannot name it ahead
+        self._card_repo_id = repo_id if REPO_ID.fullmatch(repo_id) else None
+        try:
+            return super().push_to_hub(repo_id, **options)
+        finally:
+            self._card_repo_id = None
+
+    def generate_model_card(
+        self, *args: Any, name: str = "vit-model", repo_id: str | None = None, **kwargs: Any
+    ) -> ModelCard:
         """vit's model card (what save_pretrained writes as README.md), not the mixin's template;
-        `name` is the card's title, save_pretrained's folder name."""
+        `name` is the card's title, save_pretrained's folder name; `repo_id` the repository its
+        use lines load."""
         meta = pretrained_metadata(self, class_names=self.class_names, metadata=self.card_metadata)
         params = sum(p.numel() for p in self.parameters())
-        return ModelCard(model_card(meta, name=name, num_params=params))
+        return ModelCard(model_card(meta, name=name, num_params=params, repo_id=repo_id))
 
     @classmethod
     def from_pretrained(
