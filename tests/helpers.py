@@ -365,3 +365,37 @@ def write_safetensors(
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(path), metadata=metadata)
     return path
+
+
+def write_cifar100(
+    root: Path, *, num_train: int = 40, num_test: int = 20, seed: int = 0, archive: bool = False
+) -> Path:
+    """CIFAR-100's release layout (cifar-100-python/{meta,train,test}, pickles of protocol 2 as
+    the official files) with seeded random images; fine labels cycle 0..99, coarse = fine // 5.
+    Returns root (the folder holding cifar-100-python/) or, with `archive`, the path of a
+    cifar-100-python.tar.gz of it."""
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(seed)
+    meta = {
+        "fine_label_names": [f"fine_{i:02d}" for i in range(100)],
+        "coarse_label_names": [f"coarse_{i:02d}" for i in range(20)],
+    }
+    (folder / "meta").write_bytes(pickle.dumps(meta, protocol=2))
+    for split, n in (("train", num_train), ("test", num_test)):
+        data = torch.randint(0, 256, (n, 3072), dtype=torch.uint8, generator=gen).numpy()
+        fine = [(i + 7 * (split == "test")) % 100 for i in range(n)]
+        entry = {
+            "filenames": [f"{split}_{i}.png" for i in range(n)],
+            "batch_label": f"{split} batch",
+            "fine_labels": fine,
+            "coarse_labels": [f // 5 for f in fine],
+            "data": data,
+        }
+        (folder / split).write_bytes(pickle.dumps(entry, protocol=2))
+    if not archive:
+        return root
+    out = root / "cifar-100-python.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(folder, arcname="cifar-100-python")
+    return out

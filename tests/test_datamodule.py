@@ -62,7 +62,10 @@ def test_split_size_errors(image_tree: Path) -> None:
         (dict(train_subset=0), "train_subset must be an integer >= 1 or None, got 0"),
         (dict(eval_batch_size=2.5), "eval_batch_size must be an integer >= 1 or None, got 2.5"),
         (dict(crop_padding=-4), "crop_padding must be an integer >= 0, got -4"),
-        (dict(source="imagenet"), "source must be 'auto', 'folder' or 'cifar10', got 'imagenet'"),
+        (
+            dict(source="imagenet"),
+            "source must be 'auto', 'folder', 'cifar10' or 'cifar100', got 'imagenet'",
+        ),
         (dict(trivial_augment=True, rand_augment_ops=2), "choose one"),
         (dict(rand_augment_ops=2, rand_augment_magnitude=40), r"in \[0, 30\], got 40"),
     ],

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vit.data.datasets import preprocess
+from vit.data.datasets import preprocess, recorded_normalization
 from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
 from vit.io.load import load_model, weights_kind
 from vit.io.pretrained import PRETRAINED
@@ -101,6 +101,7 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     model.to(device)
     weights = ns.weights or weights_kind(ckpt)
     hparams = ckpt.get("hyper_parameters") or {}
+    normalization = recorded_normalization(ckpt)  # the model's, whatever the data's would be
     dm = CIFAR10DataModule.from_checkpoint(
         ckpt,
         source=ns.source,
@@ -117,7 +118,7 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     result = evaluate_loader(
         model,
         loader,
-        preprocess=preprocess,
+        preprocess=lambda images: preprocess(images, normalization),
         classes=classes,
         dtype=torch.bfloat16 if ns.precision == "bf16" else None,
         flip=flip,
@@ -127,6 +128,7 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         split=ns.split,
         weights=weights,
         flip=flip,
+        normalization=normalization._asdict(),
         device=str(device),
         data=dict(dm.hparams),
     )

@@ -52,13 +52,14 @@ def run_explore(argv: list[str] | None = None) -> Path:
     if ns.num_images < 1:
         raise ValueError(f"--num-images={ns.num_images} must be at least 1.")
     _check_output(ns.output, overwrite=ns.overwrite)  # before any work
-    model, images, labels, classes = model_and_images(ns, ns.weights)
+    model, images, labels, classes, norm = model_and_images(ns, ns.weights)
     path = write_explorer(
         model,
         images,
         classes,
         ns.output,
         labels=labels,
+        normalization=norm,
         title=f"Attention explorer: {ns.weights}",
         overwrite=ns.overwrite,
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from vit.data.datasets import CIFAR10_MEAN, CIFAR10_STD
+from vit.data.datasets import CIFAR10_MEAN, CIFAR10_STD, recorded_normalization
 from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
 from vit.io.export import INPUT, export_onnx, export_program, require_onnx
 from vit.io.load import load_model
@@ -26,9 +26,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Export a model for deployment: ONNX (onnxruntime and the runtimes that read "
         "it; needs pip install 'vit[export]') or a torch.export program (.pt2, "
         "torch.export.load). Input: float images (B, 3, S, S), any batch size B, S the model's "
-        "img_size (32 for the shipped weights), scaled to [0, 1] then normalised with mean "
-        f"{CIFAR10_MEAN} and std {CIFAR10_STD} per channel (as vit.data.datasets.preprocess "
-        "does); output: logits (B, classes). The ONNX file's metadata holds the class names, "
+        "img_size (32 for the shipped weights), scaled to [0, 1] then normalised with the "
+        f"model's mean and std per channel (CIFAR-10's {CIFAR10_MEAN} and {CIFAR10_STD} unless "
+        "it records its own; as vit.data.datasets.preprocess does); output: logits (B, classes). The ONNX file's metadata holds the class names, "
         "mean, std and model config.",
     )
     p.add_argument("weights_path", metavar="WEIGHTS", help=CHECKPOINT_HELP)
@@ -59,13 +59,14 @@ def run_export(argv: list[str] | None = None) -> dict:
     model, ckpt = load_model(ns.weights_path, weights=ns.weights)
     if fmt == "onnx":
         names = (ckpt.get("hyper_parameters") or {}).get("class_names")
+        norm = recorded_normalization(ckpt)
         side = model.patch_embed.img_size
         metadata = {
             "source": str(ns.weights_path),
             "input": f"{INPUT}: float (batch, 3, {side}, {side}), [0, 1] then (x - mean) / std "
             "per channel",
-            "mean": json.dumps(CIFAR10_MEAN),
-            "std": json.dumps(CIFAR10_STD),
+            "mean": json.dumps(list(norm.mean)),
+            "std": json.dumps(list(norm.std)),
             "class_names": json.dumps(list(names) if names else None),
         }
         export_onnx(model, output, metadata=metadata)

@@ -93,8 +93,8 @@ def inspect_one(ns: argparse.Namespace, weights: str) -> tuple[dict[str, Any], d
         plot_position_similarity,
     )
 
-    model, images, _, _ = model_and_images(ns, weights, weights=ns.which)
-    distance = mean_attention_distance(model, preprocess(images))
+    model, images, _, _, norm = model_and_images(ns, weights, weights=ns.which)
+    distance = mean_attention_distance(model, preprocess(images, norm))
     components, ratio = filter_components(model, k=ns.components)
     similarity = position_similarity(model)
     grid = patch_grid(model)
@@ -176,8 +176,8 @@ def inspect_run(ns: argparse.Namespace, paths: list[Path]) -> tuple[dict[str, An
             f"every_n_train_steps (experiments/quick.yaml does)."
         )
     strip_ns = argparse.Namespace(**{**vars(ns), "num_images": max(ns.num_images, ns.strip_images)})
-    _, images, _, _ = model_and_images(strip_ns, loaded[0][1], weights=ns.which)
-    x = preprocess(images)
+    _, images, _, _, norm = model_and_images(strip_ns, loaded[0][1], weights=ns.which)
+    x = preprocess(images, norm)  # one run: its checkpoints share the training data's
     rollouts, layers, distances = [], [], []
     for _, path, model in loaded:
         if patch_grid(model) != patch_grid(loaded[0][2]):

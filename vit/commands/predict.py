@@ -3,7 +3,8 @@ probabilities for each image, as a table on the terminal and as CSV or JSON.
 
 Images of any size and mode are converted to RGB and resized to the model's input side exactly
 as the folder source resized its training images (squashed to a square, antialiased, no crop),
-then normalised with the CIFAR-10 mean and std (vit/data/datasets.py's preprocess). An image
+then normalised with the model's mean and std (CIFAR-10's unless its weights record their own;
+vit/data/datasets.py's preprocess). An image
 that cannot be read is reported by name and skipped; the others are still predicted, and the
 command then exits with status 1 (2: a usage error, nothing predicted).
 """
@@ -21,7 +22,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vit.data.datasets import preprocess
+from vit.data.datasets import (
+    CIFAR10_NORMALIZATION,
+    Normalization,
+    preprocess,
+    recorded_normalization,
+)
 from vit.data.folder_source import IMAGE_EXTENSIONS, decode_square
 from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
 from vit.io.load import load_model
@@ -114,9 +120,11 @@ def predict_files(
     batch_size: int = 64,
     device: torch.device | None = None,
     progress: bool = True,
+    normalization: Normalization = CIFAR10_NORMALIZATION,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """Predictions ({path, width, height, top: [{class, probability}]}) for the files that read,
-    and errors ({path, error}) for those that did not, in the order given."""
+    and errors ({path, error}) for those that did not, in the order given; the images are
+    normalized with the model's `normalization`."""
     from tqdm import tqdm
 
     side = _side(model.patch_embed.img_size)
@@ -136,7 +144,7 @@ def predict_files(
             images.append(image)
             kept.append((path, size))
         if images:
-            x = preprocess(torch.stack(images).to(device))
+            x = preprocess(torch.stack(images).to(device), normalization)
             probs = model(x).float().softmax(dim=-1)
             values, indices = probs.topk(top_k, dim=-1)
             for (path, (w, h)), p, i in zip(kept, values.tolist(), indices.tolist(), strict=True):
@@ -164,15 +172,27 @@ def run_predict(argv: list[str] | None = None) -> dict[str, Any]:
     names = (ckpt.get("hyper_parameters") or {}).get("class_names")
     classes = list(names) if names else [str(i) for i in range(model.num_classes)]
     top_k = min(ns.top_k, len(classes))
+    normalization = recorded_normalization(ckpt)
     rows, errors = predict_files(
-        model, paths, classes=classes, top_k=top_k, batch_size=ns.batch_size, device=device
+        model,
+        paths,
+        classes=classes,
+        top_k=top_k,
+        batch_size=ns.batch_size,
+        device=device,
+        normalization=normalization,
+    )
+    whose = (
+        "the CIFAR-10"
+        if normalization == CIFAR10_NORMALIZATION
+        else f"the training data's ({list(normalization.mean)}, {list(normalization.std)})"
     )
     side = _side(model.patch_embed.img_size)
     result = {
         "weights": ns.weights,
         "classes": classes,
         "preprocess": f"converted to RGB, resized to {side}x{side} as in training (squashed, "
-        f"antialiased, no crop), normalised with the CIFAR-10 mean and std",
+        f"antialiased, no crop), normalised with {whose} mean and std",
         "top_k": top_k,
         "predictions": rows,
         "errors": errors,

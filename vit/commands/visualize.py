@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from vit.data.datasets import Normalization, recorded_normalization
 from vit.data.folder_source import decode_square
 from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
 from vit.io.load import load_model
@@ -87,15 +88,17 @@ def visualize_main(argv: list[str] | None = None) -> None:
 
 def model_and_images(
     ns: argparse.Namespace, checkpoint: str | Path, *, weights: str | None = None
-) -> tuple[VisionTransformer, Tensor, Tensor | None, list[str]]:
+) -> tuple[VisionTransformer, Tensor, Tensor | None, list[str], Normalization]:
     """A command's model (checkpoint, .safetensors or shipped name) and the images to look at:
     the user's files (`ns.images`), or a seeded draw from a split of the data it was trained on;
-    with their labels (None for files) and the class names."""
+    with their labels (None for files), the class names and the model's normalization."""
     model, ckpt = load_model(checkpoint, weights=weights)
     classes = list((ckpt.get("hyper_parameters") or {}).get("class_names") or [])
     classes = classes or [str(i) for i in range(model.num_classes)]
+    norm = recorded_normalization(ckpt)
     if ns.images:
-        return model, load_image_files(ns.images, size=model.patch_embed.img_size), None, classes
+        images = load_image_files(ns.images, size=model.patch_embed.img_size)
+        return model, images, None, classes, norm
     images, labels = dataset_images(
         ckpt,
         split=ns.split,
@@ -104,7 +107,7 @@ def model_and_images(
         data_dir=ns.data_dir,
         cache_dir=ns.cache_dir,
     )
-    return model, images, labels, classes
+    return model, images, labels, classes, norm
 
 
 def run_visualize(argv: list[str] | None = None) -> list[Path]:
@@ -113,12 +116,13 @@ def run_visualize(argv: list[str] | None = None) -> list[Path]:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if ns.num_images < 1:
         raise ValueError(f"--num-images={ns.num_images} must be at least 1.")
-    model, images, labels, classes = model_and_images(ns, ns.checkpoint, weights=ns.weights)
+    model, images, labels, classes, norm = model_and_images(ns, ns.checkpoint, weights=ns.weights)
     figures = render(
         model,
         images,
         classes=classes,
         labels=labels,
+        normalization=norm,
         layer=ns.layer,
         head_fusion=ns.head_fusion,
         discard_ratio=ns.discard_ratio,

@@ -35,7 +35,7 @@ class Found:
     """Where CIFAR-10 is: the source kind, its path (a torchvision root for `cifar10`), and
     the place of the search that gave it, for the log."""
 
-    source: Literal["folder", "cifar10"]
+    source: Literal["folder", "cifar10", "cifar100"]
     path: Path
     place: str
 
@@ -49,6 +49,11 @@ def classify(path: Path, place: str) -> Found:
     """A path the user named: torchvision's release where it holds (or is) cifar-10-batches-py,
     else a folder source (an image tree or an archive of one; a missing one is reported there)."""
     path = path.expanduser()
+    if any(p.name.startswith("cifar-100-python") for p in (path, *path.glob("cifar-100-*"))):
+        raise ValueError(
+            f"{str(path)!r} holds CIFAR-100's release, not CIFAR-10's: pass --data.source "
+            f"cifar100 and --model.network.num_classes 100 (20 with --data.cifar100_labels coarse)."
+        )
     if path.name == BATCHES and has_batches(path.parent):
         return Found("cifar10", path.parent, place)
     if has_batches(path):

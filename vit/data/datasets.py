@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -23,6 +25,70 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 
 
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+
+class Normalization(NamedTuple):
+    """The per-channel mean and std (of pixels scaled to [0, 1]) a model's inputs are normalized
+    with: a property of the trained weights, recorded with them (checkpoint, .safetensors,
+    save_pretrained folder) and read back by every command that feeds the model images."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+CIFAR10_NORMALIZATION = Normalization(CIFAR10_MEAN, CIFAR10_STD)
+
+
+def channel_statistics(images: Tensor) -> Normalization:
+    """Mean and std per channel of uint8 images (N, C, H, W), over every pixel of every image,
+    scaled to [0, 1]. The sums are exact integers (int64), so the result does not depend on the
+    order of a floating-point reduction; rounded to 6 decimals for a readable hparams.yaml."""
+    if images.dim() != 4 or images.dtype != torch.uint8 or images.numel() == 0:
+        raise ValueError(
+            f"channel_statistics expects uint8 images (N, C, H, W), got {images.dtype} "
+            f"{tuple(images.shape)}."
+        )
+    count = images.numel() // images.shape[1]
+    means, stds = [], []
+    for c in range(images.shape[1]):
+        plane = images[:, c].to(torch.int64)
+        total, squares = plane.sum().item(), (plane * plane).sum().item()
+        mean = total / count
+        var = max(squares / count - mean * mean, 0.0)  # from exact sums: no cancellation to fear
+        means.append(round(mean / 255, 6))
+        stds.append(round(math.sqrt(var) / 255, 6))
+    return Normalization(tuple(means), tuple(stds))
+
+
+def recorded_normalization(ckpt: Mapping[str, Any]) -> Normalization:
+    """The normalization a checkpoint (or load_model's dict) records in its hyper_parameters'
+    `mean` and `std`; CIFAR-10's where it records none (every model trained before they were
+    recorded was trained with CIFAR-10's)."""
+    hparams = ckpt.get("hyper_parameters") or {}
+    mean, std = hparams.get("mean"), hparams.get("std")
+    if mean is None and std is None:
+        return CIFAR10_NORMALIZATION
+    return checked_normalization(mean, std, where="the checkpoint's hyper_parameters")
+
+
+def checked_normalization(mean: Any, std: Any, *, where: str) -> Normalization:
+    """`mean` and `std` as a Normalization: three finite numbers each, every std above 0."""
+
+    def numbers(values: Any) -> tuple[float, ...] | None:
+        try:
+            out = tuple(float(v) for v in values)
+        except (TypeError, ValueError):
+            return None
+        return out if len(out) == 3 and all(math.isfinite(v) for v in out) else None
+
+    m, s = numbers(mean), numbers(std)
+    if m is None or s is None or min(s) <= 0:
+        raise ValueError(
+            f"{where}: mean={mean!r}, std={std!r}; expected three finite numbers each (one per "
+            f"RGB channel, of pixels in [0, 1]), every std above 0, e.g. mean={list(CIFAR10_MEAN)} "
+            f"std={list(CIFAR10_STD)}."
+        )
+    return Normalization(m, s)
 
 
 def split_train_val(
@@ -47,9 +113,10 @@ def split_train_val(
     return train.sort().values, val.sort().values
 
 
-def preprocess(images: Tensor) -> Tensor:
-    """uint8 (B, 3, H, W) -> float32 normalized with the CIFAR-10 mean and std (no augmentation)."""
-    return normalize(images, CIFAR10_MEAN, CIFAR10_STD)
+def preprocess(images: Tensor, normalization: Normalization = CIFAR10_NORMALIZATION) -> Tensor:
+    """uint8 (B, 3, H, W) -> float32 normalized with a model's mean and std (CIFAR-10's unless
+    given; no augmentation)."""
+    return normalize(images, normalization.mean, normalization.std)
 
 
 class TensorImageDataset(Dataset):

@@ -13,8 +13,8 @@ from vit.io.hub_folder import HUB_PREFIX, REPO_ID
 from vit.io.load import load_model
 from vit.io.pretrained import PRETRAINED
 
-# The input preprocessing of every vit model (vit/data/datasets.py's preprocess; a test holds
-# these equal), stated in the card: io/ may not import data/.
+# The input preprocessing of a vit model that records no mean and std of its own (CIFAR-10's:
+# vit/data/datasets.py; a test holds these equal), stated in the card: io/ may not import data/.
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 # The card's fixed header, given to the mixin by vit.VisionTransformer's class statement
 # (vit/io/hub_model.py); the mixin adds its own tag, "model_hub_mixin", as here.
@@ -50,7 +50,10 @@ def model_card(
     missing = "not recorded"
     top1 = metadata.get("test_top1")
     score = f"{float(top1):.2%}" if top1 else f"{missing} (save_pretrained's metadata test_top1)"
-    mean, std = (", ".join(f"{v:.4f}" for v in t) for t in (MEAN, STD))
+    own = "mean" in metadata and "std" in metadata
+    values = (json.loads(metadata["mean"]), json.loads(metadata["std"])) if own else (MEAN, STD)
+    mean, std = (", ".join(f"{v:.4f}" for v in t) for t in values)
+    whose = "its training images'" if own else "the CIFAR-10"
     load_name = repo_id or (name if name in PRETRAINED else f"path/to/{name}")
     cli_name = f"{HUB_PREFIX}{repo_id}" if repo_id else load_name  # the commands' Hub prefix
     rows = [
@@ -84,7 +87,7 @@ A Vision Transformer ([Dosovitskiy et al. 2020](https://arxiv.org/abs/2010.11929
 ## Inputs
 
 RGB images resized to {side}x{side} (squashed, no crop), scaled to [0, 1], then normalised
-with the CIFAR-10 mean ({mean})
+with {whose} mean ({mean})
 and standard deviation ({std}), as in training.
 `vit-predict` does this for images of any size.
 
@@ -117,7 +120,10 @@ def card_data(metadata: dict[str, str], *, name: str) -> Any:
     entry (what the Hub shows as the model's result) when it is known."""
     from huggingface_hub import EvalResult, ModelCardData
 
-    cifar10 = re.search(r"cifar-?10(?!\d)", metadata.get("data", ""), re.IGNORECASE)
+    named = re.search(r"cifar-?(10|100)(?!\d)", metadata.get("data", ""), re.IGNORECASE)
+    dataset = {"10": ("cifar10", "CIFAR-10"), "100": ("cifar100", "CIFAR-100")}.get(
+        named[1] if named else ""
+    )
     start = metadata.get("init_from", "")
     on_hub = start.startswith(HUB_PREFIX) or (  # else a local checkpoint or a shipped name
         REPO_ID.fullmatch(start) is not None
@@ -125,13 +131,13 @@ def card_data(metadata: dict[str, str], *, name: str) -> Any:
         and not Path(start).exists()
     )
     results = None
-    if metadata.get("test_top1") and cifar10:  # a model-index names its dataset
+    if metadata.get("test_top1") and dataset:  # a model-index names its dataset
         results = [
             EvalResult(
                 task_type="image-classification",
                 task_name="Image classification",
-                dataset_type="cifar10",
-                dataset_name="CIFAR-10",
+                dataset_type=dataset[0],
+                dataset_name=dataset[1],
                 dataset_split="test",
                 metric_type="accuracy",
                 metric_name="top-1 accuracy",
@@ -140,7 +146,7 @@ def card_data(metadata: dict[str, str], *, name: str) -> Any:
         ]
     return ModelCardData(
         **{**HEADER, "tags": sorted([*HEADER["tags"], "model_hub_mixin"])},
-        datasets=["cifar10"] if cifar10 else None,
+        datasets=[dataset[0]] if dataset else None,
         metrics=["accuracy"],
         base_model=start.removeprefix(HUB_PREFIX) if on_hub else None,  # a repository id
         model_name=name if results else None,  # the model-index's name; alone, not a card key

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from vit.io.checkpoint import load_checkpoint
 from vit.io.hub_folder import WEIGHTS_FILE, read_hub_config, resolve_weights
 from vit.io.load import model_kwargs
-from vit.io.safetensors_file import _read_safetensors
+from vit.io.safetensors_file import _read_safetensors, metadata_hparams, recorded_mean_std
 from vit.io.state_dict import _adapt_pos_embed, state_dict_mismatches, strip_prefixes
 from vit.io.timm_interop import config_of
 from vit.model.config import NetworkConfig
@@ -51,6 +51,7 @@ class Source:
     state: dict[str, Tensor]
     config: dict[str, Any] | None = None  # VisionTransformer arguments, when recorded
     class_names: list[str] | None = None
+    normalization: tuple[Any, Any] | None = None  # (mean, std) as recorded, when recorded
 
 
 @dataclass
@@ -82,12 +83,14 @@ def read_source(spec: str | Path) -> Source:
         state, meta = _read_safetensors(path)
         config = json.loads(meta["config"]) if "config" in meta else None
         names = json.loads(meta["class_names"]) if "class_names" in meta else None
-        return Source(str(spec), strip_prefixes(state), config, names)
+        norm = recorded_mean_std(metadata_hparams(meta))
+        return Source(str(spec), strip_prefixes(state), config, names, norm)
     ckpt = load_checkpoint(path)
     state = ckpt.get("state_dict", ckpt)
     hparams = ckpt.get("hyper_parameters") or {}
     config = model_kwargs(ckpt) if isinstance(hparams.get("network"), dict) else None
-    return Source(str(spec), strip_prefixes(state), config, hparams.get("class_names"))
+    norm = recorded_mean_std(hparams)
+    return Source(str(spec), strip_prefixes(state), config, hparams.get("class_names"), norm)
 
 
 def check_architecture(source: Source, model_config: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from vit.io.safetensors_file import (
     SAFETENSORS_FORMAT,
     _read_safetensors,
     _safetensors_model,
+    recorded_mean_std,
     safetensors_info,
 )
 from vit.io.state_dict import _check_overrides, fit_state_dict
@@ -72,15 +73,33 @@ def load_model(
 
 def made_how(ckpt: dict[str, Any]) -> dict[str, str]:
     """What a vit-train checkpoint says of how its weights were made, as model-card metadata:
-    which weights, the weights a fine-tune started from, where the data was."""
+    which weights, the weights a fine-tune started from, where the data was, and the mean and
+    std its inputs are normalized with (JSON lists) where it records them."""
     known = {"weights": weights_kind(ckpt)}
-    start = (ckpt.get("hyper_parameters") or {}).get("init_from")
+    hparams = ckpt.get("hyper_parameters") or {}
+    start = hparams.get("init_from")
     if start:
         known["init_from"] = str(start)
+    known |= mean_std_metadata(hparams)
     data = ckpt.get("datamodule_hyper_parameters") or {}
-    if data.get("data_dir"):
+    if data.get("source") == "cifar100":  # found in the cache, perhaps: named either way
+        where = f", from {data['data_dir']}" if data.get("data_dir") else ""
+        known["data"] = f"CIFAR-100, {data.get('cifar100_labels', 'fine')} labels{where}"
+    elif data.get("data_dir"):
         known["data"] = f"{data.get('source', 'auto')} source at {data['data_dir']}"
     return known
+
+
+def mean_std_metadata(hparams: dict[str, Any]) -> dict[str, str]:
+    """The mean and std a checkpoint's hyper_parameters record, as safetensors metadata (JSON
+    lists); nothing where they record none (those weights take CIFAR-10's)."""
+    recorded = recorded_mean_std(hparams)
+    if recorded is None:
+        return {}
+    return {
+        k: json.dumps([float(v) for v in vs])
+        for k, vs in zip(("mean", "std"), recorded, strict=True)
+    }
 
 
 def weights_kind(ckpt: dict[str, Any]) -> str:
@@ -130,7 +149,8 @@ def export_safetensors(
     """Write a checkpoint's model weights as safetensors, with the model config as metadata.
 
     Metadata (str -> str): `format`, `config` (JSON constructor arguments), `weights` (average or
-    live) and, when the checkpoint records them, `class_names` (JSON list); `metadata` adds keys
+    live) and, when the checkpoint records them, `class_names`, `mean` and `std` (JSON lists;
+    the mean and std the inputs are normalized with); `metadata` adds keys
     of your own (how the weights were made: recipe, test_top1, ...). Read back with
     load_safetensors or load_model.
     """
@@ -145,6 +165,7 @@ def export_safetensors(
     class_names = (ckpt.get("hyper_parameters") or {}).get("class_names")
     if class_names is not None:
         ours["class_names"] = json.dumps(list(class_names))
+    ours |= mean_std_metadata(ckpt.get("hyper_parameters") or {})
     extra = dict(metadata or {})
     bad = sorted(k for k, v in extra.items() if k in ours or not isinstance(v, str))
     if bad:

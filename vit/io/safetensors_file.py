@@ -64,17 +64,38 @@ def _read_safetensors(path: str | Path) -> tuple[dict[str, Tensor], dict[str, st
         ) from None
 
 
+def recorded_mean_std(hparams: dict[str, Any]) -> tuple[Any, Any] | None:
+    """(mean, std) as a checkpoint's hyper_parameters record them, or None where they do not
+    (vit.data.datasets.recorded_normalization checks the values)."""
+    if hparams.get("mean") is None and hparams.get("std") is None:
+        return None
+    return hparams.get("mean"), hparams.get("std")
+
+
 def safetensors_info(metadata: dict[str, str]) -> dict[str, Any]:
     """What load_model returns beside a .safetensors model, in a checkpoint's shape, so the
-    commands read both alike: `hyper_parameters` (class_names, test_flip off),
+    commands read both alike: `hyper_parameters` (metadata_hparams, test_flip off),
     `datamodule_hyper_parameters` (the image size it was trained at; every other data setting
     takes CIFAR10DataModule's default) and `safetensors_metadata` (the file's metadata as is)."""
-    names = metadata.get("class_names")
     return {
-        "hyper_parameters": {
-            "class_names": json.loads(names) if names else None,
-            "test_flip": False,
-        },
+        "hyper_parameters": {**metadata_hparams(metadata), "test_flip": False},
         "datamodule_hyper_parameters": {"image_size": json.loads(metadata["config"])["img_size"]},
         "safetensors_metadata": dict(metadata),
     }
+
+
+def metadata_hparams(metadata: dict[str, str]) -> dict[str, Any]:
+    """The class names and, where recorded, the mean and std the inputs are normalized with,
+    from a .safetensors file's metadata (JSON lists), as a checkpoint's hyper_parameters."""
+    names = metadata.get("class_names")
+    hparams: dict[str, Any] = {"class_names": json.loads(names) if names else None}
+    for key in ("mean", "std"):
+        if key in metadata:
+            try:
+                hparams[key] = json.loads(metadata[key])
+            except json.JSONDecodeError:
+                raise ValueError(
+                    f"the weights' metadata {key}={metadata[key]!r} is not JSON; expected a "
+                    f"list of three numbers, e.g. [0.5071, 0.4865, 0.4409]."
+                ) from None
+    return hparams

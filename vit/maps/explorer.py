@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vit.data.datasets import preprocess
+from vit.data.datasets import CIFAR10_NORMALIZATION, Normalization, preprocess
 from vit.maps.capture import attention_maps, fuse_heads, patch_grid, query_map
 from vit.maps.inspection import filter_components, mean_attention_distance, position_similarity
 from vit.maps.rollout import grad_rollout, rollout_map
@@ -60,6 +60,7 @@ def explorer_data(
     classes: list[str],
     *,
     labels: Tensor | None = None,
+    normalization: Normalization = CIFAR10_NORMALIZATION,
 ) -> tuple[dict[str, Any], Tensor]:
     """What the page embeds for uint8 images (B, 3, H, W): JSON-ready values, and the attention
     as integers (B, L, H + 1, N, N), flat; for a model without a class token, followed by the
@@ -71,7 +72,7 @@ def explorer_data(
         )
     was_training = model.training
     model.eval()  # no dropout in what the page shows
-    x = preprocess(images.to(next(model.parameters()).device))
+    x = preprocess(images.to(next(model.parameters()).device), normalization)
     grid, prefix = patch_grid(model), model.num_prefix_tokens
     try:
         with torch.inference_mode():
@@ -165,13 +166,15 @@ def write_explorer(
     path: str | Path,
     *,
     labels: Tensor | None = None,
+    normalization: Normalization = CIFAR10_NORMALIZATION,
     title: str = "Attention explorer",
     overwrite: bool = False,
 ) -> Path:
-    """Write the explorer page for uint8 images (B, 3, H, W) to `path`; returns the path."""
+    """Write the explorer page for uint8 images (B, 3, H, W), normalized with the model's
+    `normalization`, to `path`; returns the path."""
     path = Path(path)
     _check_output(path, overwrite=overwrite)
-    meta, stored = explorer_data(model, images, classes, labels=labels)
+    meta, stored = explorer_data(model, images, classes, labels=labels, normalization=normalization)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(meta, stored, title=title), encoding="utf-8")
     return path

@@ -8,7 +8,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from vit.data.datasets import preprocess
+from vit.data.datasets import CIFAR10_NORMALIZATION, Normalization, preprocess
 from vit.maps.capture import attention_maps, patch_grid, query_map
 from vit.maps.rollout import rollout_map
 from vit.model.vision_transformer import VisionTransformer
@@ -132,15 +132,17 @@ def render(
     classes: list[str],
     labels: Tensor | None,
     layer: int = -1,
+    normalization: Normalization = CIFAR10_NORMALIZATION,
     **rollout_kwargs,
 ) -> dict[str, object]:
-    """Figures for uint8 images: {"rollout": fig, "heads_layerL_i": fig, "layers_heads_i": fig}."""
+    """Figures for uint8 images, normalized with the model's `normalization`:
+    {"rollout": fig, "heads_layerL_i": fig, "layers_heads_i": fig}."""
     from vit.maps.plots import plot_map_grid, plot_overlays  # matplotlib only when drawing
 
     was_training = model.training
     model.eval()  # no dropout in the pictures
     with torch.inference_mode():
-        logits, maps = attention_maps(model, preprocess(images))
+        logits, maps = attention_maps(model, preprocess(images, normalization))
     model.train(was_training)
     grid, prefix = patch_grid(model), model.num_prefix_tokens
     pred = logits.argmax(dim=-1)

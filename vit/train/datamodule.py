@@ -1,6 +1,8 @@
-"""CIFAR-10 data: the in-memory dataset and the DataModule over the `folder` and `cifar10` sources.
+"""CIFAR data: the in-memory dataset and the DataModule over the `folder`, `cifar10` and
+`cifar100` sources.
 
-By default (`source: auto`) the DataModule finds CIFAR-10 itself (vit/data/cifar10_source.py). Images
+By default (`source: auto`) the DataModule finds CIFAR-10 itself (vit/data/cifar10_source.py);
+`source: cifar100` reads CIFAR-100's release (vit/data/cifar100_source.py). Images
 live in memory as uint8 tensors (decoded once: vit/data/folder_source.py). Batches leave the
 DataLoader as uint8 and are augmented and normalized on the training device in
 `on_after_batch_transfer`; with `augment_in_loader` the training batches are augmented on the CPU
@@ -23,11 +25,15 @@ from torchvision.transforms.v2.functional import resize
 
 from vit.data.augment import TrainAugment
 from vit.data.cifar10_source import Found, load_cifar10, locate
+from vit.data.cifar100_source import LabelKind, find_cifar100, load_cifar100
 from vit.data.datasets import (
     CIFAR10_CLASSES,
+    CIFAR10_NORMALIZATION,
     AugmentedDataset,
     IndexDataset,
+    Normalization,
     TensorImageDataset,
+    channel_statistics,
     collate_batch,
     preprocess,
     split_train_val,
@@ -62,10 +68,14 @@ class CIFAR10DataModule(L.LightningDataModule):
     (`batch_seed`) rather than from the step, so a resumed run still augments alike.
 
     Args:
-        source: auto finds CIFAR-10 (order: vit/data/cifar10_source.py); folder or cifar10 read data_dir.
-        data_dir: an image folder or .tar.gz of one, or a folder holding cifar-10-batches-py.
+        source: auto finds CIFAR-10 (order: vit/data/cifar10_source.py); folder or cifar10 read
+            data_dir; cifar100 reads CIFAR-100's release (data_dir or the cache folder).
+        data_dir: an image folder or .tar.gz of one, or a folder holding cifar-10-batches-py
+            (cifar-100-python, or its .tar.gz, for cifar100).
         cache_dir: where decoded tensors and downloads go (default $VIT_CACHE_DIR or ~/.cache/vit).
-        download: may torchvision fetch CIFAR-10? null: as auto's last resort only; false: never.
+        download: may torchvision fetch the data? null: as auto's (and cifar100's) last resort
+            only; false: never.
+        cifar100_labels: CIFAR-100's 100 fine classes or its 20 coarse superclasses.
         image_size: side the images are resized to; 32 keeps CIFAR-10's own pixels.
         batch_size: training images per step and device; the recipes tune the learning rate with it.
         eval_batch_size: images per validation or test batch (default: twice batch_size).
@@ -90,10 +100,11 @@ class CIFAR10DataModule(L.LightningDataModule):
     def __init__(
         self,
         *,
-        source: Literal["auto", "folder", "cifar10"] = "auto",
+        source: Literal["auto", "folder", "cifar10", "cifar100"] = "auto",
         data_dir: str | None = None,
         cache_dir: str | None = None,
         download: bool | None = None,
+        cifar100_labels: LabelKind = "fine",
         image_size: int = 32,
         batch_size: int = 128,
         eval_batch_size: int | None = None,
@@ -113,10 +124,20 @@ class CIFAR10DataModule(L.LightningDataModule):
         compile_augment: bool = False,
     ) -> None:
         super().__init__()
-        if source not in ("auto", "folder", "cifar10"):
+        if source not in ("auto", "folder", "cifar10", "cifar100"):
             raise ValueError(
-                f"source must be 'auto', 'folder' or 'cifar10', got {source!r}; "
+                f"source must be 'auto', 'folder', 'cifar10' or 'cifar100', got {source!r}; "
                 "fix `data.source` (auto finds CIFAR-10 by itself)."
+            )
+        if cifar100_labels not in ("fine", "coarse"):
+            raise ValueError(
+                f"cifar100_labels must be 'fine' (100 classes) or 'coarse' (20 superclasses), "
+                f"got {cifar100_labels!r}; fix `data.cifar100_labels`."
+            )
+        if cifar100_labels != "fine" and source != "cifar100":
+            raise ValueError(
+                f"cifar100_labels={cifar100_labels!r} applies to `data.source: cifar100` only "
+                f"(source is {source!r}); set the source or drop the option."
             )
         _check_int("image_size", image_size, minimum=1)
         _check_int("batch_size", batch_size, minimum=1)
@@ -151,6 +172,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         self._train_loader: ResumableDataLoader | None = None
         self._resume_state: dict[str, int] | None = None
         self._device_split: tuple[Tensor, Tensor] | None = None  # device_data's copy
+        self._data_normalization: Normalization | None = None  # the training split's statistics
+        self._model_normalization: Normalization | None = None  # what the model says, if it does
 
     @classmethod
     def from_checkpoint(cls, ckpt: dict[str, Any], **overrides: Any) -> CIFAR10DataModule:
@@ -176,8 +199,13 @@ class CIFAR10DataModule(L.LightningDataModule):
         if self._found is None:
             hp = self.hparams
             allowed = hp.download is not False if download is None else download
-            found = locate(hp.source, hp.data_dir, cache_dir=hp.cache_dir, download=allowed)
-            rank_zero_info(f"CIFAR-10: {found.source} source at {found.path} ({found.place})")
+            if hp.source == "cifar100":
+                root = find_cifar100(hp.data_dir, cache_dir=hp.cache_dir, download=allowed)
+                found = Found("cifar100", root, "data.data_dir" if hp.data_dir else "the cache")
+            else:
+                found = locate(hp.source, hp.data_dir, cache_dir=hp.cache_dir, download=allowed)
+            name = "CIFAR-100" if found.source == "cifar100" else "CIFAR-10"
+            rank_zero_info(f"{name}: {found.source} source at {found.path} ({found.place})")
             self._found = found
         return self._found
 
@@ -188,9 +216,13 @@ class CIFAR10DataModule(L.LightningDataModule):
             try:  # never a download here: that is prepare_data's, on one process per node
                 found = self.locate(download=False)
             except ValueError:  # nothing yet: the search can only end in CIFAR-10's release
+                if self.hparams.source == "cifar100":
+                    raise
                 return list(CIFAR10_CLASSES)
             if found.source == "cifar10":
                 self._classes = list(CIFAR10_CLASSES)
+            elif found.source == "cifar100":
+                self._classes = self._load("test")[2]
             else:
                 self._classes = self._load("train", mmap=True)[2]
         return self._classes
@@ -201,8 +233,15 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def _load(self, split: Split, *, mmap: bool = False) -> Loaded:
         hp, found = self.hparams, self.locate()
-        if found.source == "cifar10":
-            images, labels, classes = load_cifar10(found.path, split=split, download=self._fetch)
+        if found.source in ("cifar10", "cifar100"):
+            if found.source == "cifar10":
+                images, labels, classes = load_cifar10(
+                    found.path, split=split, download=self._fetch
+                )
+            else:
+                images, labels, classes = load_cifar100(
+                    found.path, split=split, labels=hp.cifar100_labels
+                )
             if images.shape[-1] != hp.image_size:
                 images = resize(images, [hp.image_size, hp.image_size], antialias=True)
             return images, labels, classes
@@ -221,7 +260,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         if found.source == "cifar10":
             for split in SPLITS:
                 load_cifar10(found.path, split=split, download=self._fetch)
-        else:
+        elif found.source == "folder":
             prepare_folder_source(found.path, image_size=hp.image_size, cache_dir=hp.cache_dir)
 
     def split_indices(self, num_images: int) -> tuple[Tensor, Tensor]:
@@ -237,6 +276,8 @@ class CIFAR10DataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit", "validate") and self.train_dataset is None:
             images, labels, self._classes = self._load("train")
+            if self.locate().source == "cifar100":
+                self._data_normalization = channel_statistics(images)
             train, val = self.split_indices(len(labels))
             self.train_dataset = TensorImageDataset(images[train], labels[train])
             self.val_dataset = TensorImageDataset(images[val], labels[val])
@@ -291,6 +332,23 @@ class CIFAR10DataModule(L.LightningDataModule):
             self._device_split = (data.images.to(device), data.labels.to(device))
         return self._device_split
 
+    @property
+    def normalization(self) -> Normalization:
+        """The mean and std the batches are normalized with: the model's where it records one
+        (use_normalization), else the data's: CIFAR-100's computed from its whole training
+        split (validation images included, as CIFAR-10's constants were), CIFAR-10's otherwise."""
+        if self._model_normalization is not None:
+            return self._model_normalization
+        if self.locate().source != "cifar100":
+            return CIFAR10_NORMALIZATION
+        if self._data_normalization is None:  # evaluating only: the training split is not loaded
+            self._data_normalization = channel_statistics(self._load("train")[0])
+        return self._data_normalization
+
+    def use_normalization(self, normalization: Normalization) -> None:
+        """Normalize with the model's mean and std (a fine-tune's source, a resumed fit's)."""
+        self._model_normalization = Normalization(*normalization)
+
     def state_dict(self) -> dict[str, Any]:
         """Saved in checkpoints: where the training loader is within its epoch."""
         return {"train_loader": self._train_loader.state_dict()} if self._train_loader else {}
@@ -338,4 +396,4 @@ class CIFAR10DataModule(L.LightningDataModule):
                 images = self.train_augment(images, generator=torch.Generator().manual_seed(seed))
             if self._train_loader is not None:
                 self._train_loader.count_consumed()  # this batch is trained on: saved on resume
-        return preprocess(images), labels
+        return preprocess(images, self.normalization), labels

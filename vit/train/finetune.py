@@ -7,7 +7,8 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.io.init_from import InitReport, init_from
+from vit.data.datasets import Normalization, checked_normalization
+from vit.io.init_from import InitReport, init_from, read_source
 
 
 def start_from_weights(module: L.LightningModule) -> InitReport | None:
@@ -23,3 +24,12 @@ def start_from_weights(module: L.LightningModule) -> InitReport | None:
     report = init_from(module.model, source, class_names=module.hparams.get("class_names"))
     rank_zero_info(report.summary())
     return report
+
+
+def source_normalization(source: str) -> Normalization | None:
+    """The mean and std `source`'s weights record (None where they record none): a fine-tune
+    feeds its model images normalized as the weights were trained on."""
+    recorded = read_source(source).normalization
+    if recorded is None:
+        return None
+    return checked_normalization(*recorded, where=f"init_from {source}")

@@ -19,13 +19,14 @@ from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from torch import Tensor
 
 from vit.data.augment import check_mix_args, mix_batch
+from vit.data.datasets import Normalization, checked_normalization, recorded_normalization
 from vit.io.checkpoint import load_checkpoint
 from vit.io.migrate import is_old_layout, migrate_checkpoint, migrate_metric_states
 from vit.model.config import NetworkConfig
 from vit.system.hardware import check_cpp_compiler
 from vit.train.controls import FitControls
 from vit.train.evaluation import flip_averaged_logits
-from vit.train.finetune import start_from_weights
+from vit.train.finetune import source_normalization, start_from_weights
 from vit.train.metrics import accuracy_metrics
 from vit.train.optim import OptimizerConfig, build_optimizer, check_resume_layout
 from vit.train.resume import restore_rng_and_loss, save_rng_and_loss
@@ -55,6 +56,9 @@ class ViTClassifier(FitControls, L.LightningModule):
         class_names: Names of the classes in label order (None: taken from the data).
         init_from: Trained weights to start a fresh fit from (fine-tuning): a .ckpt, a
             .safetensors, a save_pretrained folder, hf-hub:owner/name or a shipped name.
+        mean: Per-channel mean (pixels in [0, 1]) the inputs are normalized with; None: what
+            init_from's weights record, else the data's (CIFAR-100's own, CIFAR-10's otherwise).
+        std: Per-channel std, with mean.
     """
 
     def __init__(
@@ -72,6 +76,8 @@ class ViTClassifier(FitControls, L.LightningModule):
         compile_mode: CompileMode = "default",
         class_names: list[str] | None = None,
         init_from: str | None = None,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
     ) -> None:
         super().__init__()
         # dicts come from checkpoints and hparams.yaml; the configs check their own values
@@ -86,6 +92,8 @@ class ViTClassifier(FitControls, L.LightningModule):
         if not 0 <= label_smoothing < 1:
             raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1).")
         check_mix_args(mixup_alpha, cutmix_alpha, mix_prob)
+        if mean is not None or std is not None:
+            checked_normalization(mean, std, where="model.mean and model.std")
         if compile_mode not in get_args(CompileMode):
             raise ValueError(
                 f"compile_mode={compile_mode!r}: expected one of {get_args(CompileMode)} "
@@ -143,6 +151,20 @@ class ViTClassifier(FitControls, L.LightningModule):
             )
         if self.hparams.class_names is None:
             self.hparams.class_names = list(classes)
+        if hasattr(dm, "use_normalization"):
+            self._agree_on_normalization(dm)
+
+    def _agree_on_normalization(self, dm: Any) -> None:
+        """Record the mean and std the model is trained with (the hparams' own, or a fresh
+        fine-tune's source's, or the data's) and have the data module normalize with them."""
+        hp = self.hparams
+        if hp.get("mean") is None:
+            norm = None
+            if hp.get("init_from") and not self.trainer.ckpt_path:
+                norm = source_normalization(hp.init_from)
+            norm = norm or dm.normalization
+            hp.mean, hp.std = list(norm.mean), list(norm.std)
+        dm.use_normalization(Normalization(tuple(hp.mean), tuple(hp.std)))
 
     def on_fit_start(self) -> None:
         """With torch_compile, compile the network in place for the fit (and the test after it):
@@ -251,6 +273,12 @@ class ViTClassifier(FitControls, L.LightningModule):
             if isinstance(checkpoint.get(key), dict):
                 migrate_metric_states(checkpoint[key], own)
         restore_rng_and_loss(checkpoint, self.train_loss_sum, self.train_loss_count)
+        # the weights' own normalization (CIFAR-10's for a checkpoint that records none)
+        norm = recorded_normalization(checkpoint)
+        self.hparams.mean, self.hparams.std = list(norm.mean), list(norm.std)
+        dm = getattr(trainer, "datamodule", None) if trainer is not None else None
+        if hasattr(dm, "use_normalization"):
+            dm.use_normalization(norm)
 
     def configure_optimizers(self) -> dict[str, Any]:
         from lightning.pytorch.strategies import FSDPStrategy

@@ -7,6 +7,8 @@ import numpy as np
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from vit.data.datasets import CIFAR10_NORMALIZATION
+
 
 class AttentionMapLogger(L.Callback):
     """Every `every_n_epochs`, log rollout overlays and a layers x heads grid of CLS maps for the
@@ -39,7 +41,9 @@ class AttentionMapLogger(L.Callback):
         images, labels = data.__getitems__(list(range(min(self.num_images, len(data)))))
         model = pl_module.model
         classes = pl_module.class_names
-        figures = render(model, images.to(pl_module.device), classes=classes, labels=labels)
+        norm = getattr(trainer.datamodule, "normalization", CIFAR10_NORMALIZATION)
+        images = images.to(pl_module.device)
+        figures = render(model, images, classes=classes, labels=labels, normalization=norm)
         for name in ("rollout", "layers_heads_0"):
             fig = figures[name]
             canvas = FigureCanvasAgg(fig)  # the figures belong to no backend: draw them here
