@@ -128,6 +128,9 @@ def test_evaluate_predict_and_the_maps_normalize_as_the_model_was_trained(
     result = run_evaluate([str(cifar100_fit["ckpt"]), "--output-dir", str(tmp_path / "eval")])
     assert result["num_images"] == 20 and result["normalization"]["mean"] == own.mean
     assert seen and set(seen) == {own}
+    moved = [str(cifar100_fit["ckpt"]), "--data-dir", str(cifar100_fit["released"])]
+    moved += ["--output-dir", str(tmp_path / "eval2")]  # the data named again: still CIFAR-100
+    assert run_evaluate(moved)["top1"] == result["top1"]
     pictures = write_image_tree(tmp_path / "pictures", train_per_class=1, test_per_class=0)
     seen.clear()
     out = run_predict([str(cifar100_fit["ckpt"]), str(pictures), "--batch-size", "2"])

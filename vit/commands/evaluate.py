@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", choices=("test", "val"), default="test")
     parser.add_argument(
         "--source",
-        choices=("folder", "cifar10"),
+        choices=("folder", "cifar10", "cifar100"),
         default=None,
         help="data source (default: the one the checkpoint was trained with)",
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import posixpath
 import shutil
 import tarfile
 import tempfile
@@ -31,13 +32,13 @@ FILES = ("meta", "train", "test")
 LabelKind = Literal["fine", "coarse"]
 # what unpickling the release's dicts of numpy arrays needs, and nothing more
 ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "_reconstruct"),  # numpy 1's name, the release's
+    ("numpy._core.multiarray", "_reconstruct"),  # numpy 2's
     ("numpy.core.multiarray", "scalar"),
     ("numpy._core.multiarray", "scalar"),
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
-    ("_codecs", "encode"),
+    ("_codecs", "encode"),  # bytes, at protocol 2
 }
 FIX = (
     f"pass --data.data_dir PATH (a folder holding {BATCHES}/, or {ARCHIVE}), or "
@@ -63,12 +64,13 @@ def find_cifar100(data_dir: str | None, *, cache_dir: str | None, download: bool
         if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
             return extract(path, cache)
         raise ValueError(
-            f"data.data_dir {str(path)!r} holds no CIFAR-100 release: expected a folder holding "
-            f"{BATCHES}/ with {', '.join(FILES)}, that folder itself, or {ARCHIVE}."
+            f"data.data_dir {str(path)!r} {'holds' if path.exists() else 'does not exist, so'} "
+            f"no CIFAR-100 release: expected a folder holding {BATCHES}/ with "
+            f"{', '.join(FILES)}, that folder itself, or {ARCHIVE}."
         )
     if has_cifar100(cache):
         return cache
-    tried = [f"data.data_dir: not set; the release at {cache / BATCHES}: absent"]
+    tried = ["data.data_dir: not set", f"the release at {cache / BATCHES}: absent"]
     if not download:
         tried.append("a download: not tried (download: false)")
     else:
@@ -95,19 +97,27 @@ def extract(archive: Path, cache: Path) -> Path:
     try:
         with tarfile.open(archive) as tar:
             members = tar.getmembers()
-            odd = [m.name for m in members if Path(m.name).parts[:1] != (BATCHES,)]
+            # normpath first, so that cifar-100-python/../x counts as outside
+            odd = [m.name for m in members if posixpath.normpath(m.name).split("/")[0] != BATCHES]
             if odd:
                 raise ValueError(
                     f"{str(archive)!r} holds {odd[:3]} outside {BATCHES}/: not CIFAR-100's "
-                    "release; nothing was extracted."
+                    f"release; nothing was extracted. Pass the release's {ARCHIVE}."
                 )
-            tar.extractall(tmp, members=members, filter="data")
+            tar.extractall(tmp, members=members, filter="data")  # refuses links leading out
         if not has_cifar100(tmp):
             raise ValueError(f"{str(archive)!r} lacks some of {BATCHES}/{{{', '.join(FILES)}}}.")
-        shutil.rmtree(cache / BATCHES, ignore_errors=True)  # an incomplete copy, if any
-        (tmp / BATCHES).rename(cache / BATCHES)
+        if not has_cifar100(cache):  # another process (a DDP rank) may have finished first
+            shutil.rmtree(cache / BATCHES, ignore_errors=True)  # an incomplete copy, if any
+            (tmp / BATCHES).rename(cache / BATCHES)
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise ValueError(f"{str(archive)!r} is not a readable archive ({err}).") from None
+        if has_cifar100(cache):  # lost the race to rename: the other copy is complete
+            return cache
+        raise ValueError(
+            f"could not extract {str(archive)!r} into {cache} ({type(err).__name__}: {err}); "
+            f"expected the release's complete {ARCHIVE} and a cache folder you can write to "
+            "(--data.cache_dir)."
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return cache
@@ -133,14 +143,7 @@ def _read(path: Path) -> dict[str, Any]:
             f"{str(path)!r} is not CIFAR-100's release ({err}); refused without running "
             "anything from it. Delete it and download again."
         ) from None
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        ValueError,
-        TypeError,
-        AttributeError,
-        IndexError,
-    ) as err:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, LookupError) as err:
         raise ValueError(
             f"{str(path)!r} is truncated or corrupt ({type(err).__name__}); delete it and "
             "download again."
@@ -153,31 +156,34 @@ def _read(path: Path) -> dict[str, Any]:
 def load_cifar100(root: Path, *, split: Split, labels: LabelKind = "fine") -> Loaded:
     """CIFAR-100's `split` under root/cifar-100-python: uint8 images (N, 3, 32, 32), int64 labels
     (N,) of the `labels` kind (100 fine classes or 20 coarse superclasses), their names in order."""
-    if labels not in ("fine", "coarse"):
-        raise ValueError(f"labels={labels!r}: expected 'fine' or 'coarse'.")
-    folder = Path(root) / BATCHES
-    names = _read(folder / "meta").get(f"{labels}_label_names")
-    entry = _read(folder / split)
-    data, targets = entry.get("data"), entry.get(f"{labels}_labels")
-    bad = (
-        not isinstance(data, np.ndarray)
-        or data.dtype != np.uint8
-        or data.ndim != 2
-        or data.shape[1] != 3072
-        or not isinstance(targets, list | np.ndarray)
-        or len(targets) != data.shape[0]
-        or not isinstance(names, list)
-    )
-    if bad:
+    if split not in ("train", "test") or labels not in ("fine", "coarse"):
         raise ValueError(
-            f"{str(folder / split)!r} is not CIFAR-100's layout: expected 'data' uint8 (N, 3072), "
-            f"N '{labels}_labels' and meta's '{labels}_label_names'. Delete it and download again."
+            f"split={split!r}, labels={labels!r}: expected 'train' or 'test', 'fine' or 'coarse'."
         )
-    label_tensor = torch.as_tensor(np.asarray(targets), dtype=torch.int64)
-    if label_tensor.numel() and not 0 <= int(label_tensor.min()) <= int(label_tensor.max()) < len(
-        names
-    ):
-        raise ValueError(f"{str(folder / split)!r} has labels outside 0..{len(names) - 1}.")
+    path = Path(root) / BATCHES / split
+    names = _read(path.parent / "meta").get(f"{labels}_label_names")
+    entry = _read(path)
+    data, targets = entry.get("data"), entry.get(f"{labels}_labels")
+    good = (
+        isinstance(data, np.ndarray)
+        and data.dtype == np.uint8
+        and data.shape[1:] == (3072,)
+        and isinstance(targets, list | np.ndarray)
+        and len(targets) == len(data)
+        and all(isinstance(t, int | np.integer) for t in targets)
+        and isinstance(names, list)
+    )
+    if not good:
+        raise ValueError(
+            f"{str(path)!r} is not CIFAR-100's layout: expected 'data' uint8 (N, 3072), N integer "
+            f"'{labels}_labels' and meta's '{labels}_label_names'. Delete it and download again."
+        )
+    label_tensor = torch.tensor(np.asarray(targets, dtype=np.int64))
+    if len(label_tensor) and not 0 <= label_tensor.min() <= label_tensor.max() < len(names):
+        raise ValueError(
+            f"{str(path)!r} has labels outside 0..{len(names) - 1} (meta's {len(names)} names): "
+            "not CIFAR-100's release. Delete it and download again."
+        )
+    names = [n.decode("latin1") if isinstance(n, bytes) else str(n) for n in names]
     # rows of 3072 bytes: the R plane (32 x 32, row-major), then G, then B
-    images = torch.from_numpy(data.copy()).view(-1, 3, 32, 32).contiguous()
-    return images, label_tensor, [str(n) for n in names]
+    return torch.from_numpy(data.copy()).view(-1, 3, 32, 32).contiguous(), label_tensor, names

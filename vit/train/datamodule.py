@@ -178,14 +178,15 @@ class CIFAR10DataModule(L.LightningDataModule):
     @classmethod
     def from_checkpoint(cls, ckpt: dict[str, Any], **overrides: Any) -> CIFAR10DataModule:
         """The data module a vit-train checkpoint was trained with; overrides that are not None
-        replace its settings. A data_dir given without a source is classified as `auto` does; a
+        replace its settings. A data_dir given without a source is classified as `auto` does
+        (a CIFAR-100 model's is CIFAR-100's); a
         folder source saved at a path that is absent here (another machine) becomes the search."""
         accepted = inspect.signature(cls.__init__).parameters
         saved = ckpt.get("datamodule_hyper_parameters") or {}
         args = {k: v for k, v in saved.items() if k in accepted}  # drops LightningCLI's own keys
         given = {k: v for k, v in overrides.items() if v is not None}
-        if "data_dir" in given and "source" not in given:
-            given["source"] = "auto"
+        if "data_dir" in given and "source" not in given:  # CIFAR-100 stays CIFAR-100
+            given["source"] = "cifar100" if args.get("source") == "cifar100" else "auto"
         elif not {"data_dir", "source"} & set(given) and args.get("source") == "folder":
             saved_dir = Path(args.get("data_dir") or "").expanduser()
             if args.get("data_dir") and not saved_dir.exists():
