@@ -28,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
         "torch.export.load). Input: float images (B, 3, S, S), any batch size B, S the model's "
         "img_size (32 for the shipped weights), scaled to [0, 1] then normalised with the "
         f"model's mean and std per channel (CIFAR-10's {CIFAR10_MEAN} and {CIFAR10_STD} unless "
-        "it records its own; as vit.data.datasets.preprocess does); output: logits (B, classes). The ONNX file's metadata holds the class names, "
-        "mean, std and model config.",
+        "it records its own; as vit.data.datasets.preprocess does); output: logits (B, "
+        "classes). The ONNX file's metadata holds the class names, mean, std and model config.",
     )
     p.add_argument("weights_path", metavar="WEIGHTS", help=CHECKPOINT_HELP)
     p.add_argument(

@@ -179,8 +179,8 @@ class CIFAR10DataModule(L.LightningDataModule):
     def from_checkpoint(cls, ckpt: dict[str, Any], **overrides: Any) -> CIFAR10DataModule:
         """The data module a vit-train checkpoint was trained with; overrides that are not None
         replace its settings. A data_dir given without a source is classified as `auto` does
-        (a CIFAR-100 model's is CIFAR-100's); a
-        folder source saved at a path that is absent here (another machine) becomes the search."""
+        (a CIFAR-100 model's stays CIFAR-100's); a folder source saved at a path that is absent
+        here (another machine) becomes the search."""
         accepted = inspect.signature(cls.__init__).parameters
         saved = ckpt.get("datamodule_hyper_parameters") or {}
         args = {k: v for k, v in saved.items() if k in accepted}  # drops LightningCLI's own keys
