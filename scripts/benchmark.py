@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit.model.vision_transformer import VisionTransformer
-from vit.system.hardware import cpu_has_fast_bf16, resolve_device
+from vit.system.hardware import cpu_has_fast_bf16, cpu_name, resolve_device
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "experiments" / "record" / "benchmarks"
@@ -94,17 +93,6 @@ def precisions(force_bf16: bool = False) -> tuple[str, ...]:
     """The precisions to time: bf16-mixed only where this CPU multiplies bf16 natively (elsewhere
     it trains ~13x slower than float32, experiments/record/benchmarks/fp32.md), unless forced."""
     return tuple(PRECISIONS) if force_bf16 or cpu_has_fast_bf16() else ("32-true",)
-
-
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform.processor() is empty on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def make_steps(

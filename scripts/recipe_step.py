@@ -3,6 +3,7 @@ hour spends its time on, and how many steps a variant of the step would make in 
 
     python scripts/recipe_step.py --name recipe-step-amx              # every variant, one run
     python scripts/recipe_step.py --variants baseline compiled --rounds 3
+    python scripts/recipe_step.py --against-fit 5 --name fit-vs-bare-amx  # the fit's own step
 
 One step as the fit runs it on a CPU: the batch augmented on the host (crop + flip, grouped),
 resized to the curriculum's side, forward and loss under bf16 autocast where the CPU has native
@@ -20,6 +21,8 @@ import datetime
 import gzip
 import importlib.util
 import json
+import os
+import shlex
 import statistics
 import sys
 import time
@@ -37,8 +40,9 @@ if __name__ == "__main__":  # as vit-train: MKL's AVX2 kernels on AMD CPUs, befo
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-from vit.system.hardware import cpu_has_fast_bf16  # noqa: E402
+from vit.system.hardware import cpu_has_fast_bf16, cpu_name  # noqa: E402
 
 FLAGS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}  # what decides the kernels and dtype
 PHASES = ("augment", "forward+loss", "backward", "optimizer", "ema")
@@ -148,6 +152,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: the share of a running fit's samples in each part of its loop, "
                    "from py-spy's raw output, or its .gz (py-spy record --pid PID --duration 20 "
                    "--rate 40 --nonblocking --format raw -o FILE)")  # fmt: skip
+    p.add_argument("--against-fit", type=int, default=0, metavar="ROUNDS",
+                   help="instead: ROUNDS times, a short vit-train fit of the config (its first "
+                   "stage) for each --fit-args, then the bare step at that stage: each one's "
+                   "median ms per step, and the fit's ratio to the bare step beside it")  # fmt: skip
+    p.add_argument("--fit-args", nargs="+", default=[""],
+                   help="with --against-fit, one fit per string of extra vit-train options, e.g. "
+                   "'' '--trainer.enable_progress_bar false'")  # fmt: skip
+    p.add_argument("--fit-steps", type=int, default=150, help="with --against-fit")
     ns = p.parse_args(argv)
     config = yaml.safe_load(ns.config.read_text())
     batch = ns.batch or config["data"]["batch_size"]
@@ -159,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.spy:
         print(spy_shares(ns.spy))
         return 0
+    if ns.against_fit:
+        return against_fit(config, batch, dtype, plan[0], ns)
     steps = {v: make_step(config, batch, v, dtype) for v in ns.variants}
     for run in steps.values():  # compile each shape and warm the allocator, untimed
         for _, side, drop in plan:
@@ -198,7 +212,7 @@ def profile_stage(run: Callable, ns: argparse.Namespace) -> int:
         phases = [run(side, drop) for _ in range(5)]
     per_step = {k: round(1e3 * sum(p[k] for p in phases) / 5, 1) for k in PHASES}
     text = "\n".join([
-        "`python scripts/recipe_step.py " + " ".join(sys.argv[1:]) + "`", "",
+        "`python scripts/recipe_step.py " + shlex.join(sys.argv[1:]) + "`", "",
         f"{side}px, patch drop {drop}, variant {ns.variants[0]}: 5 steps; phase ms per step "
         f"{per_step} (profiled, so slower than timed)", "",
         prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30),
@@ -208,6 +222,81 @@ def profile_stage(run: Callable, ns: argparse.Namespace) -> int:
         out = REPO / "experiments" / "record" / "benchmarks" / f"{ns.name}.txt"
         out.write_text(text + "\n")
         print(f"wrote {out}")
+    return 0
+
+
+class StepTimer(Callback):
+    """A callback for --against-fit's fits (vit-train finds it with scripts/ on PYTHONPATH): the
+    median time between training-batch starts after the first 20, appended as a JSON line to
+    the file in $RECIPE_STEP_TIMES."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_train_batch_start(self, *args) -> None:  # noqa: ANN002
+        self.starts.append(time.perf_counter())
+
+    def on_train_end(self, *args) -> None:  # noqa: ANN002
+        gaps = [b - a for a, b in zip(self.starts, self.starts[1:], strict=False)][20:]
+        line = {"label": os.environ.get("RECIPE_STEP_LABEL", "fit"),
+                "ms": round(1e3 * statistics.median(gaps), 2), "steps": len(gaps)}  # fmt: skip
+        with open(os.environ["RECIPE_STEP_TIMES"], "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def against_fit(config: dict, batch: int, dtype, stage: tuple, ns: argparse.Namespace) -> int:  # noqa: ANN001
+    """The fit's own time per step against the bare step's, alternated round by round."""
+    import subprocess
+    import tempfile
+
+    _, side, drop = stage
+    run = make_step(config, batch, "baseline", dtype)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        times = Path(tmp) / "times.jsonl"
+        env = {**os.environ, "PYTHONPATH": str(REPO / "scripts"), "RECIPE_STEP_TIMES": str(times)}
+        for r in range(ns.against_fit):
+            for extra in ns.fit_args:
+                cmd = [sys.executable, "-c", "from vit.commands.entry import train; train()",
+                       "-c", str(ns.config), "--trainer.max_steps", str(ns.fit_steps),
+                       "--test_after_fit", "false", "--trainer.logger.save_dir", tmp,
+                       "--trainer.callbacks+=recipe_step.StepTimer", *extra.split()]  # fmt: skip
+                env["RECIPE_STEP_LABEL"] = f"fit {extra}".strip()
+                subprocess.run(cmd, check=True, cwd=REPO, env=env, capture_output=True)
+            for _ in range(ns.warmup):
+                run(side, drop)
+            gaps = []
+            for _ in range(ns.fit_steps - 20):
+                t = time.perf_counter()
+                run(side, drop)
+                gaps.append(time.perf_counter() - t)
+            fits = [json.loads(line) for line in times.read_text().splitlines()]
+            times.unlink()
+            bare = round(1e3 * statistics.median(gaps), 2)
+            rows += [{"round": r, **f, "bare_ms": bare, "ratio": round(f["ms"] / bare, 3)}
+                     for f in fits]  # fmt: skip
+            print(rows[-len(fits) :], flush=True)
+    labels = list(dict.fromkeys(row["label"] for row in rows))
+    cmd = "python scripts/recipe_step.py " + shlex.join(sys.argv[1:])
+    lines = [f"`{cmd}`", "",
+             f"{datetime.date.today().isoformat()}, {cpu_name()}, torch "
+             f"{torch.__version__}, batch {batch}, {'bf16-mixed' if dtype else 'float32'}; the "
+             f"config's first stage ({side} px, patch drop {drop}); median ms per step over "
+             f"{ns.fit_steps - 20} steps after 20, each fit followed by the bare step.", "",
+             "| round | fit | fit ms | bare ms | fit / bare |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {x['round']} | {x['label']} | {x['ms']} | {x['bare_ms']} | {x['ratio']:.2f}x |"
+              for x in rows]  # fmt: skip
+    lines += ["", "| fit | median of fit / bare |", "|---|---|"]
+    for label in labels:
+        ratios = [x["ratio"] for x in rows if x["label"] == label]
+        lines.append(f"| {label} | {statistics.median(ratios):.2f}x |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if ns.name:
+        out = REPO / "experiments" / "record" / "benchmarks" / ns.name
+        out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+        out.with_suffix(".md").write_text(text)
+        print(f"wrote {out}.md and .json")
     return 0
 
 
@@ -273,7 +362,7 @@ def summarize(plan, rounds, *, batch: int, dtype) -> dict:  # noqa: ANN001
     """Median over rounds of each phase; steps in the hour per variant; ratios to the first."""
     out: dict = {
         "date": datetime.date.today().isoformat(),
-        "cpu": _script("benchmark").cpu_name(),
+        "cpu": cpu_name(),
         "flags": sorted(set(Path("/proc/cpuinfo").read_text().split()) & FLAGS),
         "torch": torch.__version__,
         "batch": batch,
@@ -297,7 +386,7 @@ def summarize(plan, rounds, *, batch: int, dtype) -> dict:  # noqa: ANN001
 
 
 def markdown(result: dict, ns: argparse.Namespace) -> str:
-    cmd = "python scripts/recipe_step.py " + " ".join(sys.argv[1:])
+    cmd = "python scripts/recipe_step.py " + shlex.join(sys.argv[1:])
     lines = [f"`{cmd}`", "",
              f"{result['date']}, {result['cpu']} ({' '.join(result['flags'])}), torch {result['torch']}, batch {result['batch']}, "
              f"{result['dtype']}, {ns.rounds} rounds x {ns.steps} steps per stage (medians).", "",

@@ -45,6 +45,17 @@ def cpu_flags() -> set[str] | None:
     return None
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() is empty on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def cpu_precision(precision: Any, accelerator: Any) -> Any:
     """The precision to train with: a bf16 one becomes 32-true on a CPU without native bf16."""
     on_cpu = accelerator == "cpu" or (

@@ -21,11 +21,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
-from torchvision.transforms.v2.functional import resize
 
 from vit.data.augment import TrainAugment
-from vit.data.cifar10_source import Found, load_cifar10, locate
-from vit.data.cifar100_source import LabelKind, find_cifar100, load_cifar100
+from vit.data.cifar10_source import Found
+from vit.data.cifar100_source import LabelKind
 from vit.data.datasets import (
     CIFAR10_CLASSES,
     CIFAR10_NORMALIZATION,
@@ -38,14 +37,9 @@ from vit.data.datasets import (
     preprocess,
     split_train_val,
 )
-from vit.data.folder_source import (
-    SPLITS,
-    Loaded,
-    Split,
-    load_folder_source,
-    prepare_folder_source,
-)
+from vit.data.folder_source import Loaded, Split
 from vit.data.loader import ResumableDataLoader
+from vit.data.sources import find_source, load_split, prepare_source
 
 log = logging.getLogger(__name__)
 
@@ -200,11 +194,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         if self._found is None:
             hp = self.hparams
             allowed = hp.download is not False if download is None else download
-            if hp.source == "cifar100":
-                root = find_cifar100(hp.data_dir, cache_dir=hp.cache_dir, download=allowed)
-                found = Found("cifar100", root, "data.data_dir" if hp.data_dir else "the cache")
-            else:
-                found = locate(hp.source, hp.data_dir, cache_dir=hp.cache_dir, download=allowed)
+            found = find_source(hp.source, hp.data_dir, cache_dir=hp.cache_dir, download=allowed)
             name = "CIFAR-100" if found.source == "cifar100" else "CIFAR-10"
             rank_zero_info(f"{name}: {found.source} source at {found.path} ({found.place})")
             self._found = found
@@ -233,21 +223,15 @@ class CIFAR10DataModule(L.LightningDataModule):
         return len(self.classes)
 
     def _load(self, split: Split, *, mmap: bool = False) -> Loaded:
-        hp, found = self.hparams, self.locate()
-        if found.source in ("cifar10", "cifar100"):
-            if found.source == "cifar10":
-                images, labels, classes = load_cifar10(
-                    found.path, split=split, download=self._fetch
-                )
-            else:
-                images, labels, classes = load_cifar100(
-                    found.path, split=split, labels=hp.cifar100_labels
-                )
-            if images.shape[-1] != hp.image_size:
-                images = resize(images, [hp.image_size, hp.image_size], antialias=True)
-            return images, labels, classes
-        return load_folder_source(
-            found.path, split=split, image_size=hp.image_size, cache_dir=hp.cache_dir, mmap=mmap
+        hp = self.hparams
+        return load_split(
+            self.locate(),
+            split,
+            image_size=hp.image_size,
+            cache_dir=hp.cache_dir,
+            labels=hp.cifar100_labels,
+            fetch=self._fetch,
+            mmap=mmap,
         )
 
     @property
@@ -257,12 +241,10 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Find (auto), download (cifar10) or decode and cache (folder) once per node."""
-        hp, found = self.hparams, self.locate()
-        if found.source == "cifar10":
-            for split in SPLITS:
-                load_cifar10(found.path, split=split, download=self._fetch)
-        elif found.source == "folder":
-            prepare_folder_source(found.path, image_size=hp.image_size, cache_dir=hp.cache_dir)
+        hp = self.hparams
+        prepare_source(
+            self.locate(), image_size=hp.image_size, cache_dir=hp.cache_dir, fetch=self._fetch
+        )
 
     def split_indices(self, num_images: int) -> tuple[Tensor, Tensor]:
         """(train, val) indices into the training split: a seeded permutation, val taken first."""

@@ -1,0 +1,112 @@
+"""scripts/recipe_step.py and scripts/peer_recipe.py stay right: the recipe's stages, the fit's
+step timer, the peer's schedule, fit and report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.helpers import REPO, load_script
+
+step = load_script("recipe_step")
+peer = load_script("peer_recipe")
+
+
+def test_stages_follow_the_recipes_curricula() -> None:
+    config = yaml.safe_load((REPO / "experiments" / "cpu60.yaml").read_text())
+    plan = step.stages(config)
+    # cpu60.yaml: sides 16 / 24 / 32 from 0 / 0.25 / 0.5, patch drop 0 / 0.5 / 0 from 0 / 0.25 / 0.85
+    assert [(round(s, 6), side, drop) for s, side, drop in plan] == [
+        (0.25, 16, 0.0),
+        (0.25, 24, 0.5),
+        (0.35, 32, 0.5),
+        (0.15, 32, 0.0),
+    ]
+
+
+def test_step_timer_writes_the_median_gap_after_the_first_twenty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = iter([0.5 * i for i in range(21)] + [10.0 + 0.1 * i for i in range(10)])
+    monkeypatch.setattr(step.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setenv("RECIPE_STEP_TIMES", str(tmp_path / "t.jsonl"))
+    monkeypatch.setenv("RECIPE_STEP_LABEL", "fit --x")
+    timer = step.StepTimer()
+    for _ in range(31):
+        timer.on_train_batch_start()
+    timer.on_train_end()
+    line = json.loads((tmp_path / "t.jsonl").read_text())
+    # gaps: twenty of 0.5 s (skipped), one of 0.5 s into the fast run, nine of 0.1 s
+    assert line == {"label": "fit --x", "ms": 100.0, "steps": 10}
+
+
+def test_peer_schedule_warms_up_then_falls_to_zero() -> None:
+    assert peer.lr_factor(0.0) == 0.0
+    assert peer.lr_factor(0.025) == pytest.approx(0.5)
+    assert peer.lr_factor(0.05) == pytest.approx(1.0)
+    after = [peer.lr_factor(0.05 + 0.95 * i / 20) for i in range(21)]
+    assert all(a > b for a, b in zip(after, after[1:], strict=False))
+    assert after[-1] == pytest.approx(0.0, abs=1e-12) and peer.lr_factor(1.5) == after[-1]
+
+
+def test_peer_fit_scores_on_its_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    vit_pytorch = pytest.importorskip("vit_pytorch")
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (200, 3, 32, 32), dtype=torch.uint8, generator=g)
+    labels = torch.randint(0, 10, (200,), generator=g)
+    monkeypatch.setattr(peer, "cifar10", lambda: (images, labels, images[:50], labels[:50]))
+    tiny = dict(image_size=32, patch_size=8, num_classes=10, dim=16, depth=1, heads=2, mlp_dim=32)
+    monkeypatch.setattr(peer, "peer_model", lambda: vit_pytorch.ViT(**tiny))
+    out = peer.train_peer(minutes=0.01, eval_every=0.004, seed=0, dtype=None)
+    minutes = [p["minutes"] for p in out["curve"]]
+    assert out["steps"] > 2 and out["steps"] == out["curve"][-1]["steps"]
+    assert len(minutes) >= 2 and minutes == sorted(minutes) and minutes[-1] >= 0.01 - 0.005
+    assert all(p["test_acc"] in {k / 50 for k in range(51)} for p in out["curve"])
+
+
+def test_metrics_csv_gives_steps_best_val_and_test() -> None:
+    lines = [
+        "epoch,step,train/loss_step,val/acc,test/acc",
+        "0,49,2.1,,",
+        "0,99,,0.41,",
+        "0,149,,0.52,",
+        "0,199,,0.49,",
+        "0,199,,,0.505",
+    ]
+    assert peer.read_metrics(lines) == {"steps": 199, "test_acc": 0.505, "best_val_acc": 0.52}
+
+
+def _result(ours: float, peer_acc: float) -> dict:
+    curve = [{"minutes": m, "steps": 10 * m, "test_acc": peer_acc * m / 20} for m in (2, 4, 20)]
+    return {
+        "command": "python scripts/peer_recipe.py",
+        "date": "2026-11-29",
+        "cpu": "cpu",
+        "flags": ["avx2"],
+        "torch": "x",
+        "dtype": "float32",
+        "seed": 0,
+        "peer_minutes": 20.0,
+        "ours_minutes": 4.0,
+        "peer": {"steps": 200, "test_acc": peer_acc, "curve": curve},
+        "ours": {"steps": 900, "test_acc": ours, "best_val_acc": ours},
+    }
+
+
+@pytest.mark.parametrize(("ours", "verdict"), [(0.70, "(reached)"), (0.60, "(not reached)")])
+def test_report_says_whether_ours_reached_the_peer(ours: float, verdict: str) -> None:
+    text = peer.markdown(_result(ours, 0.65))
+    assert verdict in text and f"{ours - 0.65:+.2%}" in text
+    assert "the peer at 4.0 min had 13.00%" in text  # its curve's point at our budget
+
+
+@pytest.mark.parametrize("flag", ["--minutes", "--ours-minutes", "--eval-every"])
+def test_non_positive_minutes_are_refused(flag: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        peer.main([flag, "0"])
+    assert exit_info.value.code == 2
+    assert f"{flag} must be a positive number of minutes, got 0.0" in capsys.readouterr().err
