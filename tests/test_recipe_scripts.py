@@ -40,7 +40,7 @@ def test_step_timer_writes_the_median_gap_after_the_first_twenty(
         timer.on_train_batch_start()
     timer.on_train_end()
     line = json.loads((tmp_path / "t.jsonl").read_text())
-    # gaps: twenty of 0.5 s (skipped), one of 0.5 s into the fast run, nine of 0.1 s
+    # gaps: twenty of 0.5 s (skipped), then one of 0 s and nine of 0.1 s: median 0.1 s
     assert line == {"label": "fit --x", "ms": 100.0, "steps": 10}
 
 
