@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import numpy as np
 import yaml
 
 from vit.io.checkpoint import load_checkpoint
+from vit.system import hardware
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "experiments" / "finetune.yaml"
@@ -56,15 +56,8 @@ def write_digits(root: Path, *, test_size: int, seed: int) -> dict[str, int]:
 
 
 def cpu_name() -> str:
-    """lscpu's model name, with the vector extensions that decide the speed and precision."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown CPU"
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    flags = set(fields.get("Flags", "").split())
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{fields.get('Model name', '?').strip()} ({', '.join(shown) or 'no AVX2'})"
+    """The CPU's model name, with the vector extensions that decide the speed and precision."""
+    return f"{hardware.cpu_name()} ({', '.join(hardware.vector_flags()) or 'no AVX2'})"
 
 
 def run_arm(arm: str, work: Path, data: Path, ns: argparse.Namespace) -> dict[str, object]:

@@ -43,9 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 
-from vit.system.hardware import cpu_flags, cpu_has_fast_bf16, cpu_name  # noqa: E402
-
-FLAGS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
+from vit.system.hardware import cpu_has_fast_bf16, cpu_name, vector_flags  # noqa: E402
 
 
 def peer_model() -> torch.nn.Module:
@@ -215,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         + shlex.join(sys.argv[1:] if argv is None else argv),
         "date": datetime.date.today().isoformat(),
         "cpu": cpu_name(),
-        "flags": sorted((cpu_flags() or set()) & FLAGS),
+        "flags": sorted(vector_flags()),
         "torch": torch.__version__,
         "dtype": "bf16-mixed" if dtype else "float32",
         "seed": ns.seed,

@@ -42,9 +42,8 @@ import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
-from vit.system.hardware import cpu_has_fast_bf16, cpu_name  # noqa: E402
+from vit.system.hardware import cpu_has_fast_bf16, cpu_name, vector_flags  # noqa: E402
 
-FLAGS = {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}  # what decides the kernels and dtype
 PHASES = ("augment", "forward+loss", "backward", "optimizer", "ema")
 
 
@@ -363,7 +362,7 @@ def summarize(plan, rounds, *, batch: int, dtype) -> dict:  # noqa: ANN001
     out: dict = {
         "date": datetime.date.today().isoformat(),
         "cpu": cpu_name(),
-        "flags": sorted(set(Path("/proc/cpuinfo").read_text().split()) & FLAGS),
+        "flags": sorted(vector_flags()),
         "torch": torch.__version__,
         "batch": batch,
         "dtype": "bf16-mixed" if dtype else "float32",

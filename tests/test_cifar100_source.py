@@ -211,3 +211,19 @@ def test_truncated_and_foreign_files_are_refused(tmp_path: Path) -> None:
     (root / BATCHES / "test").write_bytes(pickle.dumps(outside, protocol=2))
     with pytest.raises(ValueError, match=r"has labels outside 0..19 \(meta's 20 names\)"):
         load_cifar100(root, split="test", labels="coarse")
+
+
+def test_class_names_come_from_meta_alone(tmp_path: Path) -> None:
+    from vit.train.datamodule import CIFAR10DataModule
+
+    root = write_cifar100(tmp_path, num_train=3, num_test=3)
+    expected = load_cifar100(root, split="test", labels="coarse")[2]
+    for split in ("train", "test"):  # unreadable: the names must not read them
+        (root / BATCHES / split).write_bytes(b"\x80\x02")
+    dm = CIFAR10DataModule(source="cifar100", data_dir=str(root), cifar100_labels="coarse")
+    assert dm.classes == expected and dm.num_classes == 20
+    meta = pickle.loads((root / BATCHES / "meta").read_bytes())
+    meta["fine_label_names"] = "not a list"
+    (root / BATCHES / "meta").write_bytes(pickle.dumps(meta, protocol=2))
+    with pytest.raises(ValueError, match="expected a list 'fine_label_names'. Delete it"):
+        _ = CIFAR10DataModule(source="cifar100", data_dir=str(root)).classes

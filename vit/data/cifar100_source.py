@@ -153,6 +153,20 @@ def _read(path: Path) -> dict[str, Any]:
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in data.items()}
 
 
+def cifar100_classes(root: Path, *, labels: LabelKind = "fine") -> list[str]:
+    """The `labels` kind's class names in order, from the release's meta file alone."""
+    if labels not in ("fine", "coarse"):
+        raise ValueError(f"labels={labels!r}: expected 'fine' or 'coarse'.")
+    path = Path(root) / BATCHES / "meta"
+    names = _read(path).get(f"{labels}_label_names")
+    if not isinstance(names, list):
+        raise ValueError(
+            f"{str(path)!r} is not CIFAR-100's layout: expected a list '{labels}_label_names'. "
+            "Delete it and download again."
+        )
+    return [n.decode("latin1") if isinstance(n, bytes) else str(n) for n in names]
+
+
 def load_cifar100(root: Path, *, split: Split, labels: LabelKind = "fine") -> Loaded:
     """CIFAR-100's `split` under root/cifar-100-python: uint8 images (N, 3, 32, 32), int64 labels
     (N,) of the `labels` kind (100 fine classes or 20 coarse superclasses), their names in order."""
@@ -161,7 +175,7 @@ def load_cifar100(root: Path, *, split: Split, labels: LabelKind = "fine") -> Lo
             f"split={split!r}, labels={labels!r}: expected 'train' or 'test', 'fine' or 'coarse'."
         )
     path = Path(root) / BATCHES / split
-    names = _read(path.parent / "meta").get(f"{labels}_label_names")
+    names = cifar100_classes(root, labels=labels)
     entry = _read(path)
     data, targets = entry.get("data"), entry.get(f"{labels}_labels")
     good = (
@@ -171,12 +185,11 @@ def load_cifar100(root: Path, *, split: Split, labels: LabelKind = "fine") -> Lo
         and isinstance(targets, list | np.ndarray)
         and len(targets) == len(data)
         and all(isinstance(t, int | np.integer) for t in targets)
-        and isinstance(names, list)
     )
     if not good:
         raise ValueError(
-            f"{str(path)!r} is not CIFAR-100's layout: expected 'data' uint8 (N, 3072), N integer "
-            f"'{labels}_labels' and meta's '{labels}_label_names'. Delete it and download again."
+            f"{str(path)!r} is not CIFAR-100's layout: expected 'data' uint8 (N, 3072) and N "
+            f"integer '{labels}_labels'. Delete it and download again."
         )
     label_tensor = torch.tensor(np.asarray(targets, dtype=np.int64))
     if len(label_tensor) and not 0 <= label_tensor.min() <= label_tensor.max() < len(names):
@@ -184,6 +197,5 @@ def load_cifar100(root: Path, *, split: Split, labels: LabelKind = "fine") -> Lo
             f"{str(path)!r} has labels outside 0..{len(names) - 1} (meta's {len(names)} names): "
             "not CIFAR-100's release. Delete it and download again."
         )
-    names = [n.decode("latin1") if isinstance(n, bytes) else str(n) for n in names]
     # rows of 3072 bytes: the R plane (32 x 32, row-major), then G, then B
     return torch.from_numpy(data.copy()).view(-1, 3, 32, 32).contiguous(), label_tensor, names

@@ -1,6 +1,6 @@
 """The one place that dispatches on a data source's kind: where it is (`find_source`), what it
-needs once per node before any process reads it (`prepare_source`), and a split's images
-(`load_split`). `auto`, `folder` and `cifar10` are CIFAR-10's sources (vit/data/cifar10_source.py,
+needs once per node before any process reads it (`prepare_source`), a split's images
+(`load_split`) and the class names (`source_classes`). `auto`, `folder` and `cifar10` are CIFAR-10's sources (vit/data/cifar10_source.py,
 vit/data/folder_source.py); `cifar100` is CIFAR-100's release (vit/data/cifar100_source.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 from torchvision.transforms.v2.functional import resize
 
 from vit.data.cifar10_source import Found, load_cifar10, locate
-from vit.data.cifar100_source import LabelKind, find_cifar100, load_cifar100
+from vit.data.cifar100_source import LabelKind, cifar100_classes, find_cifar100, load_cifar100
+from vit.data.datasets import CIFAR10_CLASSES
 from vit.data.folder_source import SPLITS, Loaded, Split, load_folder_source, prepare_folder_source
 
 
@@ -54,3 +55,15 @@ def load_split(
     if images.shape[-1] != image_size:
         images = resize(images, [image_size, image_size], antialias=True)
     return images, targets, classes
+
+
+def source_classes(
+    found: Found, *, image_size: int, cache_dir: str | None, labels: LabelKind = "fine"
+) -> list[str]:
+    """Class names in label order, read as cheaply as the source allows: CIFAR-10's are known,
+    CIFAR-100's are in its meta file, a folder's come with its decoded cache (mapped, not read)."""
+    if found.source == "cifar10":
+        return list(CIFAR10_CLASSES)
+    if found.source == "cifar100":
+        return cifar100_classes(found.path, labels=labels)
+    return load_split(found, "train", image_size=image_size, cache_dir=cache_dir, mmap=True)[2]

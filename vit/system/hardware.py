@@ -45,6 +45,16 @@ def cpu_flags() -> set[str] | None:
     return None
 
 
+# the x86 flags that decide the kernels and the training dtype, in the order records name them
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def vector_flags() -> list[str]:
+    """Which of VECTOR_FLAGS this CPU has, in that order (none where /proc/cpuinfo is absent)."""
+    flags = cpu_flags() or set()
+    return [f for f in VECTOR_FLAGS if f in flags]
+
+
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo (platform.processor() is empty on Linux)."""
     try:

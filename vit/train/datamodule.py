@@ -39,7 +39,7 @@ from vit.data.datasets import (
 )
 from vit.data.folder_source import Loaded, Split
 from vit.data.loader import ResumableDataLoader
-from vit.data.sources import find_source, load_split, prepare_source
+from vit.data.sources import find_source, load_split, prepare_source, source_classes
 
 log = logging.getLogger(__name__)
 
@@ -210,12 +210,10 @@ class CIFAR10DataModule(L.LightningDataModule):
                 if self.hparams.source == "cifar100":
                     raise
                 return list(CIFAR10_CLASSES)
-            if found.source == "cifar10":
-                self._classes = list(CIFAR10_CLASSES)
-            elif found.source == "cifar100":
-                self._classes = self._load("test")[2]
-            else:
-                self._classes = self._load("train", mmap=True)[2]
+            hp = self.hparams
+            self._classes = source_classes(
+                found, image_size=hp.image_size, cache_dir=hp.cache_dir, labels=hp.cifar100_labels
+            )
         return self._classes
 
     @property
