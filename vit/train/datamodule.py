@@ -39,20 +39,10 @@ from vit.data.datasets import (
 )
 from vit.data.folder_source import Loaded, Split
 from vit.data.loader import ResumableDataLoader
+from vit.data.settings import check_data_settings
 from vit.data.sources import find_source, load_split, prepare_source, source_classes
 
 log = logging.getLogger(__name__)
-
-
-def _check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        none = " or None" if optional else ""
-        raise ValueError(
-            f"{name} must be an integer >= {minimum}{none}, got {value!r}; "
-            f"fix `{name}` in the data config."
-        )
 
 
 class CIFAR10DataModule(L.LightningDataModule):
@@ -118,36 +108,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         compile_augment: bool = False,
     ) -> None:
         super().__init__()
-        if source not in ("auto", "folder", "cifar10", "cifar100"):
-            raise ValueError(
-                f"source must be 'auto', 'folder', 'cifar10' or 'cifar100', got {source!r}; "
-                "fix `data.source` (auto finds CIFAR-10 by itself)."
-            )
-        if cifar100_labels not in ("fine", "coarse"):
-            raise ValueError(
-                f"cifar100_labels must be 'fine' (100 classes) or 'coarse' (20 superclasses), "
-                f"got {cifar100_labels!r}; fix `data.cifar100_labels`."
-            )
-        if cifar100_labels != "fine" and source != "cifar100":
-            raise ValueError(
-                f"cifar100_labels={cifar100_labels!r} applies to `data.source: cifar100` only "
-                f"(source is {source!r}); set the source or drop the option."
-            )
-        _check_int("image_size", image_size, minimum=1)
-        _check_int("batch_size", batch_size, minimum=1)
-        _check_int("val_size", val_size, minimum=0)
-        _check_int("seed", seed, minimum=0)
-        _check_int("split_seed", split_seed, minimum=0, optional=True)
-        _check_int("num_workers", num_workers, minimum=0)
-        _check_int("crop_padding", crop_padding, minimum=0)
-        _check_int("eval_batch_size", eval_batch_size, minimum=1, optional=True)
-        _check_int("train_subset", train_subset, minimum=1, optional=True)
-        for name, on in (("device_data", device_data), ("compile_augment", compile_augment)):
-            if on and augment_in_loader:
-                raise ValueError(
-                    f"{name} augments the training images on the device; augment_in_loader "
-                    "augments them on the CPU in the loader: choose one."
-                )
+        check_data_settings(locals())
         self.save_hyperparameters()
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.train_augment = TrainAugment(
