@@ -3,9 +3,11 @@ gets an error naming the setting and how to fix it (vit/train/datamodule.py call
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
-SOURCES = ("auto", "folder", "cifar10", "cifar100")
+from vit.data.cifar100_source import LabelKind
+
+SourceKind = Literal["auto", "folder", "cifar10", "cifar100"]
 
 
 def check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> None:
@@ -22,12 +24,12 @@ def check_int(name: str, value: Any, *, minimum: int, optional: bool = False) ->
 def check_data_settings(settings: dict[str, Any]) -> None:
     """Raise ValueError for the first setting of CIFAR10DataModule's that cannot work."""
     source, labels = settings["source"], settings["cifar100_labels"]
-    if source not in SOURCES:
+    if source not in get_args(SourceKind):
         raise ValueError(
             f"source must be 'auto', 'folder', 'cifar10' or 'cifar100', got {source!r}; "
             "fix `data.source` (auto finds CIFAR-10 by itself)."
         )
-    if labels not in ("fine", "coarse"):
+    if labels not in get_args(LabelKind):
         raise ValueError(
             f"cifar100_labels must be 'fine' (100 classes) or 'coarse' (20 superclasses), "
             f"got {labels!r}; fix `data.cifar100_labels`."

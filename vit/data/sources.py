@@ -1,7 +1,8 @@
 """The one place that dispatches on a data source's kind: where it is (`find_source`), what it
 needs once per node before any process reads it (`prepare_source`), a split's images
-(`load_split`) and the class names (`source_classes`). `auto`, `folder` and `cifar10` are CIFAR-10's sources (vit/data/cifar10_source.py,
-vit/data/folder_source.py); `cifar100` is CIFAR-100's release (vit/data/cifar100_source.py)."""
+(`load_split`) and the class names (`source_classes`). `auto`, `folder` and `cifar10` are
+CIFAR-10's sources (vit/data/cifar10_source.py, vit/data/folder_source.py); `cifar100` is
+CIFAR-100's release (vit/data/cifar100_source.py)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -39,7 +39,7 @@ from vit.data.datasets import (
 )
 from vit.data.folder_source import Loaded, Split
 from vit.data.loader import ResumableDataLoader
-from vit.data.settings import check_data_settings
+from vit.data.settings import SourceKind, check_data_settings
 from vit.data.sources import find_source, load_split, prepare_source, source_classes
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class CIFAR10DataModule(L.LightningDataModule):
     def __init__(
         self,
         *,
-        source: Literal["auto", "folder", "cifar10", "cifar100"] = "auto",
+        source: SourceKind = "auto",
         data_dir: str | None = None,
         cache_dir: str | None = None,
         download: bool | None = None,
