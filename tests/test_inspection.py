@@ -199,3 +199,33 @@ def test_filter_components_take_one_and_stop_at_the_number_of_filters() -> None:
     comps, ratio = filter_components(model, k=40)  # more than 32 filters have components
     assert comps.shape[0] == ratio.shape[0] == 32
     assert ratio.sum().item() == pytest.approx(1.0, abs=1e-12)  # all the variance, once
+
+
+def test_cls_share_reads_one_prefix_token_by_default() -> None:
+    w = torch.zeros(1, 1, 3, 3)  # a CLS token and two patches
+    w[0, 0, 1:] = torch.tensor([0.25, 0.75, 0.0])  # each patch query: 0.25 on CLS, 0.75 on patch 1
+    torch.testing.assert_close(cls_share([w]), torch.tensor([[0.25]], dtype=torch.float64))
+
+
+def test_without_a_class_token_no_weight_is_left_out() -> None:
+    torch.manual_seed(0)
+    model = VisionTransformer(**{**TINY, "class_token": False, "global_pool": "avg"})
+    images = torch.randn(3, 3, 32, 32)
+    result = mean_attention_distance(model, images)
+    assert torch.equal(result.cls_share, torch.zeros(TINY["depth"], TINY["num_heads"]).double())
+    with torch.inference_mode():
+        maps = attention_maps(model.eval(), images)[1]
+    expected = attention_distance(maps, grid=(4, 4), num_prefix_tokens=0)
+    torch.testing.assert_close(result.patches, expected, rtol=0, atol=F64_TOL)
+
+
+def test_filter_components_default_to_the_papers_28() -> None:
+    comps, ratio = filter_components(VisionTransformer(**TINY))  # 32 filters: 28 of them
+    assert comps.shape == (28, 1, 3, 8, 8) and ratio.shape == (28,)
+
+
+def test_a_grid_that_does_not_match_the_tokens_is_named() -> None:
+    w = torch.full((1, 1, 17, 17), 1 / 17)  # a CLS token and 16 patches
+    message = "16 patch tokens, but grid (3, 5) has 15."
+    with pytest.raises(ValueError, match=re.escape(message)):
+        attention_distance([w], grid=(3, 5))
