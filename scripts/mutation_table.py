@@ -160,6 +160,41 @@ def refused_lines(record: Record) -> list[str]:
     return lines
 
 
+TABLE_HEAD = [
+    "| module | mutants | " + " | ".join(COLUMNS) + " | killed since | equivalent | untestable"
+    " | before | now |",
+    "|---" * (len(COLUMNS) + 7) + "|",
+]
+
+
+def module_row(module: str, record: Record) -> tuple[str, list[str], list[str]]:
+    """One module's table row from mutmut's outcomes and the record; its survivors neither
+    killed since nor reviewed; the functions changed since mutmut mutated them."""
+    later, review = record.kills, record.review
+    changed = changed_since_run(module, record)
+    status = outcomes(module)
+    stale = {
+        name for name in status if name.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0] in changed
+    }
+    for name in stale:  # an outcome for code that has changed since is no outcome
+        status[name] = "not checked"
+    counts = Counter(status.values())
+    alive = [m for m, s in status.items() if s in ("survived", "no tests")]
+    # mutants of unchanged code that mutmut's run did not reach, run by a recorded check
+    reached = [m for m, s in status.items() if s == "not checked" and m in later and m not in stale]
+    since = sum(m in later for m in alive) + len(reached)
+    verdicts = Counter(review[m][0] for m in alive if m in review and m not in later)
+    before = share(counts["killed"], len(status) - counts["not checked"])
+    run = len(status) - counts["not checked"] + len(reached)
+    now = share(counts["killed"] + since, run - verdicts["equivalent"])
+    if counts["not checked"] > len(reached):  # a run under way: shares of those run so far
+        before, now = f"{before} of {run}", f"{now} of {run}"
+    row = [module, str(len(status))] + [str(counts[c]) for c in COLUMNS]
+    row += [str(since), str(verdicts["equivalent"]), str(verdicts["untestable"]), before, now]
+    open_ = [m for m in alive if m not in review and m not in later]
+    return "| " + " | ".join(row) + " |", open_, changed
+
+
 def table(command: str, status_note: str = "") -> str:
     record = Record(listed_modules())
     lines = [
@@ -182,41 +217,16 @@ def table(command: str, status_note: str = "") -> str:
         "- *before* = killed / mutants run, as mutmut found them; *now* = (killed + killed",
         "  since) / (mutants run - equivalent). Untestable mutants count against the score.",
         "",
-        "| module | mutants | " + " | ".join(COLUMNS) + " | killed since | equivalent | untestable"
-        " | before | now |",
-        "|---" * (len(COLUMNS) + 7) + "|",
+        *TABLE_HEAD,
     ]
     survivors: list[str] = []
     changed: dict[str, list[str]] = {}
-    later, review = record.kills, record.review
     for module in listed_modules():
-        if functions := changed_since_run(module, record):
+        row, alive, functions = module_row(module, record)
+        lines.append(row)
+        survivors += alive
+        if functions:
             changed[module] = functions
-        status = outcomes(module)
-        stale = {
-            name
-            for name in status
-            if name.rsplit(".", 1)[-1].rsplit("__mutmut_", 1)[0] in changed.get(module, ())
-        }
-        for name in stale:  # an outcome for code that has changed since is no outcome
-            status[name] = "not checked"
-        counts = Counter(status.values())
-        alive = [m for m, s in status.items() if s in ("survived", "no tests")]
-        # mutants of unchanged code that mutmut's run did not reach, run by a recorded check
-        reached = [
-            m for m, s in status.items() if s == "not checked" and m in later and m not in stale
-        ]
-        since = sum(m in later for m in alive) + len(reached)
-        verdicts = Counter(review[m][0] for m in alive if m in review and m not in later)
-        before = share(counts["killed"], len(status) - counts["not checked"])
-        run = len(status) - counts["not checked"] + len(reached)
-        now = share(counts["killed"] + since, run - verdicts["equivalent"])
-        if counts["not checked"] > len(reached):  # a run under way: shares of those run so far
-            before, now = f"{before} of {run}", f"{now} of {run}"
-        row = [module, str(len(status))] + [str(counts[c]) for c in COLUMNS]
-        row += [str(since), str(verdicts["equivalent"]), str(verdicts["untestable"]), before, now]
-        lines.append("| " + " | ".join(row) + " |")
-        survivors += [m for m in alive if m not in review and m not in later]
     lines += ["", f"Survivors neither killed since nor reviewed: {len(survivors)}."]
     lines += [f"- `{m}`" for m in sorted(survivors)[:200]]
     lines += refused_lines(record)
@@ -326,7 +336,32 @@ def corrected(commit: str, status_note: str = "") -> str:
         "Each mutant whose credit changed (the record then, by name -> now, by diff):",
     ]
     lines += [f"- `{n}`: {w} -> {c}; now `{record.now[n].gist}`" for n, w, c in moved_all]
+    lines += added_modules(record, [m for m in listed_modules() if m not in cells_by_row])
     return "\n".join(lines + refused_lines(record)) + "\n"
+
+
+def added_modules(record: Record, modules: list[str]) -> list[str]:
+    """Rows for modules the kept table lacks, from mutmut's outcomes of their own run."""
+    if not modules:
+        return []
+    lines = ["", f"## Added to the scope since ({', '.join(modules)})", ""]
+    runs = ", ".join(f"`bash scripts/mutation_run.sh {m.removesuffix('.py').replace('/', '.')}`"
+                     for m in modules)  # fmt: skip
+    lines += [
+        f"Run by {runs} (mutmut's outcomes in mutants/), then each survivor killed or reviewed "
+        f"as above; {datetime.date.today()}, CPU {cpu_kind()}.",
+        "",
+        *TABLE_HEAD,
+    ]
+    survivors: list[str] = []
+    for module in modules:
+        row, alive, changed = module_row(module, record)
+        if changed or not outcomes(module):
+            raise SystemExit(f"{module}: no outcomes of its current source: run mutmut on it first")
+        lines.append(row)
+        survivors += alive
+    lines += ["", f"Survivors neither killed since nor reviewed: {len(survivors)}."]
+    return lines + [f"- `{m}`" for m in sorted(survivors)]
 
 
 def refused_summary() -> list[str]:

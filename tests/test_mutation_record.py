@@ -101,3 +101,31 @@ def test_an_edit_that_renumbers_a_functions_mutants_voids_their_rows() -> None:
     assert edited[last].gist == "- k = k // 2 / + k = k // 3"  # the name now means another
     # the same mutation, far enough from the edit to keep its diff, has its key under a new name
     assert edited["pkg.mod.x_scale__mutmut_7"].key == before[last].key
+
+
+def _table_script(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    return load_script("mutation_table")
+
+
+def test_a_module_row_counts_kills_since_and_verdicts_of_its_survivors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    table = _table_script(monkeypatch)
+    codes = {"m.x_f__mutmut_1": "killed", "m.x_f__mutmut_2": "survived"}
+    codes |= {"m.x_f__mutmut_3": "survived", "m.x_f__mutmut_4": "survived"}
+    monkeypatch.setattr(table, "outcomes", lambda module: dict(codes))
+    monkeypatch.setattr(table, "changed_since_run", lambda module, record: [])
+    record = type("R", (), {})()
+    record.kills = {"m.x_f__mutmut_2"}  # killed since by a recorded check
+    record.review = {"m.x_f__mutmut_3": ("equivalent", "why")}  # _4 stays open
+    row, alive, changed = table.module_row("m.py", record)
+    # 4 mutants: 1 killed, 3 survived; 1 killed since, 1 equivalent: now 2 of 3
+    assert row == "| m.py | 4 | 1 | 3 | 0 | 0 | 0 | 0 | 1 | 1 | 0 | 25.0% | 66.7% |"
+    assert alive == ["m.x_f__mutmut_4"] and changed == []
+    lines = table.added_modules(record, ["m.py"])
+    assert "## Added to the scope since (m.py)" in lines and row in lines
+    assert lines[-2:] == ["Survivors neither killed since nor reviewed: 1.", "- `m.x_f__mutmut_4`"]
+    monkeypatch.setattr(table, "outcomes", lambda module: {})
+    with pytest.raises(SystemExit, match="m.py: no outcomes of its current source"):
+        table.added_modules(record, ["m.py"])
