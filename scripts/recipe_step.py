@@ -70,10 +70,29 @@ def stages(config: dict) -> list[tuple[float, int, float]]:
     return out
 
 
+def variant_config(config: dict, variant: str) -> dict:
+    """A copy of the config; for KEY.PATH=VALUE, with that one setting changed (VALUE as YAML)."""
+    cfg = json.loads(json.dumps(config))
+    if "=" in variant:
+        path, value = variant.split("=", 1)
+        *parents, leaf = path.split(".")
+        node = cfg
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = yaml.safe_load(value)
+    return cfg
+
+
+def variant_batch(variant: str, batch: int) -> int:
+    """batch-N: the step at batch N instead of the config's."""
+    return int(variant.removeprefix("batch-")) if variant.startswith("batch-") else batch
+
+
 def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None) -> Callable:
     """A function (side, drop) -> {phase: seconds} running one training step of `variant`."""
     ops = _script("count_step_ops")
-    cfg = json.loads(json.dumps(config))
+    cfg = variant_config(config, variant)
+    batch = variant_batch(variant, batch)
     module, optimizer, ema, _, images, labels = ops.build(cfg, batch, augment_way="ungrouped")
     if hasattr(optimizer, "ns_dtype"):  # build() sets a GPU's; the fit's, on this CPU
         from vit.train.muon import iteration_dtype
@@ -88,7 +107,10 @@ def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None)
     module.model.set_dynamic_img_size(True)
     module.train()
     network = module.model
-    if variant.startswith("compiled"):  # compiled or compiled-MODE (max-autotune, ...)
+    if variant == "compiled-step":  # the network compiled, and the optimizer's step as written
+        network = torch.compile(module.model, dynamic=False)
+        optimizer.step = torch.compile(optimizer.step, dynamic=False)
+    elif variant.startswith("compiled"):  # compiled or compiled-MODE (max-autotune, ...)
         mode = variant.removeprefix("compiled").removeprefix("-") or None
         network = torch.compile(module.model, dynamic=False, mode=mode)
     smoothing = module.hparams.label_smoothing
@@ -133,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path, default=REPO / "experiments" / "cpu60.yaml")
     p.add_argument("--batch", type=int, default=None, help="default: the config's batch_size")
     p.add_argument("--variants", nargs="+", default=["baseline", "compiled", "ema-every-4"],
-                   help="baseline, compiled (the network under torch.compile), compiled-MODE "
-                   "(max-autotune, ...), ema-every-K")  # fmt: skip
+                   help="baseline, compiled (the network under torch.compile), compiled-step (the "
+                   "optimizer's step too), compiled-MODE "
+                   "(max-autotune, ...), ema-every-K, batch-N, or KEY.PATH=VALUE (one config setting "
+                   "changed, e.g. model.network.mlp_ratio=4)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=8, help="timed steps per stage, variant, round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per stage first")
@@ -370,17 +394,20 @@ def summarize(plan, rounds, *, batch: int, dtype) -> dict:  # noqa: ANN001
         "variants": {},
     }
     for v, by_stage in rounds.items():
-        stages_out, per_hour = {}, 0.0
+        stages_out, per_hour, images = {}, 0.0, variant_batch(v, batch)
         for (share, _, _), (key, rs) in zip(plan, by_stage.items(), strict=True):
             phases = {k: statistics.median(r[k] for r in rs) for k in PHASES}
             step = sum(phases.values())
             per_hour += 3600 * share / step
             stages_out[key] = {"ms": {k: round(1e3 * t, 2) for k, t in phases.items()},
-                               "step_ms": round(1e3 * step, 2), "img_s": round(batch / step, 1)}  # fmt: skip
-        out["variants"][v] = {"stages": stages_out, "steps_per_hour": round(per_hour)}
-    base = next(iter(out["variants"].values()))["steps_per_hour"]
+                               "step_ms": round(1e3 * step, 2), "img_s": round(images / step, 1)}  # fmt: skip
+        out["variants"][v] = {"stages": stages_out, "batch": images,
+                              "steps_per_hour": round(per_hour),
+                              "images_per_hour": round(per_hour * images)}  # fmt: skip
+    first = next(iter(out["variants"].values()))
     for v in out["variants"].values():
-        v["vs_first"] = round(v["steps_per_hour"] / base, 3)
+        v["vs_first"] = round(v["steps_per_hour"] / first["steps_per_hour"], 3)
+        v["images_vs_first"] = round(v["images_per_hour"] / first["images_per_hour"], 3)
     return out
 
 
@@ -407,11 +434,14 @@ def markdown(result: dict, ns: argparse.Namespace) -> str:
             lines.append(f"| {key} | {ms} | {timed} | {ratio} |")
     lines += [
         "",
-        "| variant | steps in the hour (step loop only) | vs the first |",
-        "|---|---|---|",
+        "| variant | batch | steps in the hour (step loop only) | vs the first | images | vs the first |",
+        "|---|---|---|---|---|---|",
     ]
     for v, r in result["variants"].items():
-        lines.append(f"| {v} | {r['steps_per_hour']:,} | {r['vs_first']:.3f}x |")
+        lines.append(
+            f"| {v} | {r['batch']} | {r['steps_per_hour']:,} | {r['vs_first']:.3f}x "
+            f"| {r['images_per_hour']:,} | {r['images_vs_first']:.3f}x |"
+        )
     return "\n".join(lines) + "\n"
 
 

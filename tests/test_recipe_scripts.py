@@ -28,6 +28,29 @@ def test_stages_follow_the_recipes_curricula() -> None:
     ]
 
 
+def test_variants_change_one_setting_or_the_batch_and_count_images() -> None:
+    config = yaml.safe_load((REPO / "experiments" / "cpu60.yaml").read_text())
+    changed = step.variant_config(config, "model.network.mlp_ratio=4")
+    assert changed["model"]["network"]["mlp_ratio"] == 4
+    assert config["model"]["network"]["mlp_ratio"] == 2.0  # the original is left alone
+    assert step.variant_config(config, "batch-256") == config
+    assert step.variant_batch("batch-256", 128) == 256
+    assert step.variant_batch("compiled", 128) == 128
+    plan = [(0.5, 16, 0.0), (0.5, 32, 0.0)]
+    # each stage's step: 1 s at batch 128, 1.5 s at batch 256 (phases sum to the step)
+    timed = {
+        v: {f"{side}px drop 0.0": [dict.fromkeys(step.PHASES, s / len(step.PHASES))]
+            for _, side, _ in plan}
+        for v, s in (("baseline", 1.0), ("batch-256", 1.5))
+    }  # fmt: skip
+    out = step.summarize(plan, timed, batch=128, dtype=None)["variants"]
+    assert out["baseline"]["steps_per_hour"] == 3600
+    assert out["batch-256"]["steps_per_hour"] == 2400
+    assert out["batch-256"]["images_per_hour"] == 2400 * 256
+    assert out["batch-256"]["images_vs_first"] == round(2400 * 256 / (3600 * 128), 3)
+    assert out["batch-256"]["stages"]["16px drop 0.0"]["img_s"] == round(256 / 1.5, 1)
+
+
 def test_step_timer_writes_the_median_gap_after_the_first_twenty(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
