@@ -89,6 +89,9 @@ def test_train_checkpoint_evaluate_end_to_end(
     assert saved["confusion_matrix"] == result["confusion_matrix"] == expected["confusion_matrix"]
     with Image.open(tmp_path / "eval" / "confusion_matrix_test.png") as png:
         assert png.format == "PNG" and png.size[0] > 100
+    with Image.open(tmp_path / "eval" / "reliability_test.png") as png:
+        assert png.format == "PNG" and png.size[0] > 100
+    assert saved["ece"] == result["ece"] and sum(saved["calibration"]["images"]) == 12
     assert result["flip"] is False  # the checkpoint's model.test_flip
     assert result["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device auto
     flipped = run_evaluate([str(last), "--flip", "--output-dir", str(tmp_path / "eval_flip")])

@@ -1,10 +1,14 @@
-"""evaluate_loader: counts, top-k and test-time flip, with a model whose answers are known."""
+"""evaluate_loader: counts, top-k, test-time flip and calibration, with models whose answers are
+known."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from torch import Tensor, nn
+from torchmetrics.classification import MulticlassCalibrationError
 
 from vit.train.evaluation import evaluate_loader
 
@@ -53,3 +57,62 @@ def test_flip_averages_the_mirror_image() -> None:
 def test_an_empty_loader_is_an_error() -> None:
     with pytest.raises(ValueError, match="yielded no images"):
         evaluate_loader(LeftOrRight(), [], preprocess=lambda x: x.float(), classes=["a", "b"])
+
+
+class Fixed(nn.Module):
+    """Answers each image with the logits stored in its first pixel's place: logits[index]."""
+
+    def __init__(self, logits: Tensor) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(logits, requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.logits[x[:, 0, 0, 0].long()]
+
+
+def _indexed(n: int, labels: Tensor, batch: int = 3) -> list[tuple[Tensor, Tensor]]:
+    images = torch.arange(n, dtype=torch.uint8)[:, None, None, None].expand(n, 3, 2, 2)
+    return [(images[i : i + batch], labels[i : i + batch]) for i in range(0, n, batch)]
+
+
+def test_calibration_by_hand() -> None:
+    # confidences 0.9 (right, wrong) and 0.7 (right, right), each the softmax of [0, log odds]
+    p = torch.tensor([0.9, 0.9, 0.7, 0.7], dtype=torch.float64)
+    logits = torch.stack([torch.zeros(4, dtype=torch.float64), (p / (1 - p)).log()], dim=1)
+    labels = torch.tensor([1, 0, 1, 1])
+    result = evaluate_loader(
+        Fixed(logits), _indexed(4, labels), preprocess=lambda x: x.float(), classes=["a", "b"]
+    )
+    # evaluate_loader rounds logits to float32 (log odds < 3: off by < 3 eps), and a probability
+    # or a log-likelihood moves at most one to one with a logit
+    tol = 3 * torch.finfo(torch.float32).eps
+    # bin 13 (0.9 in (13/15, 14/15]): accuracy 0.5, gap 0.4; bin 10 (0.7): accuracy 1, gap 0.3
+    assert result["ece"] == pytest.approx((2 * 0.4 + 2 * 0.3) / 4, abs=tol)
+    cal = result["calibration"]
+    assert cal["bins"] == 15 and cal["images"] == [0] * 10 + [2, 0, 0, 2, 0]
+    assert cal["accuracy"][13] == 0.5 and cal["accuracy"][10] == 1.0
+    assert cal["confidence"][13] == pytest.approx(0.9, abs=tol) and cal["confidence"][0] is None
+    # the mean negative log-likelihood of the true class: -log 0.9, -log 0.1, -log 0.7 twice
+    nll = -(math.log(0.9) + math.log(0.1) + 2 * math.log(0.7)) / 4
+    assert result["nll"] == pytest.approx(nll, abs=tol)
+
+
+def test_calibration_error_is_torchmetrics_and_nll_is_cross_entropy() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(200, 10, generator=g)
+    labels = torch.randint(0, 10, (200,), generator=g)
+    result = evaluate_loader(
+        Fixed(logits),
+        _indexed(200, labels, batch=64),
+        preprocess=lambda x: x.float(),
+        classes=[str(c) for c in range(10)],
+    )
+    probs = logits.softmax(dim=-1)  # probabilities: torchmetrics would not softmax them again
+    expected = MulticlassCalibrationError(num_classes=10, n_bins=15, norm="l1")(probs, labels)
+    # the same bins (no confidence lies on a bin edge here); float32 sums of 200 terms <= 1
+    assert result["ece"] == pytest.approx(expected.item(), abs=200 * torch.finfo().eps)
+    per_image = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+    # torch's float32 mean of 200 terms: off by at most 200 eps times the largest term
+    bound = 200 * torch.finfo().eps * per_image.max().item()
+    assert result["nll"] == pytest.approx(per_image.mean().item(), abs=bound)
+    assert sum(result["calibration"]["images"]) == 200

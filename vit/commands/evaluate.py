@@ -1,5 +1,5 @@
-"""`vit-evaluate`: a checkpoint's top-1, top-5, per-class accuracy and confusion matrix on a
-split, as JSON and a figure."""
+"""`vit-evaluate`: a checkpoint's top-1, top-5, per-class accuracy, confusion matrix and
+calibration on a split, as JSON and figures."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def default_eval_dir(checkpoint: Path) -> Path:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vit-evaluate",
-        description="Top-1, top-5 and per-class accuracy of a checkpoint, written as JSON, with a "
-        "confusion-matrix PNG.",
+        description="Top-1, top-5 and per-class accuracy, the negative log-likelihood and the "
+        "expected calibration error of a checkpoint, written as JSON, with a confusion-matrix "
+        "PNG and a reliability diagram.",
     )
     parser.add_argument("checkpoint", type=Path, help=CHECKPOINT_HELP)
     parser.add_argument("--split", choices=("test", "val"), default="test")
@@ -85,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
         "--output-dir",
         type=Path,
         default=None,
-        help="where metrics.json and confusion_matrix.png go (default: an eval/ folder beside "
+        help="where metrics, confusion_matrix and reliability files go (default: an eval/ folder beside "
         "the checkpoint; eval/NAME for shipped weights)",
     )
     return parser
@@ -140,15 +141,22 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _write(result: dict[str, Any], out: Path, stem: str, classes: list[str]) -> None:
-    """metrics_STEM.json and confusion_matrix_STEM.png under `out`; the metrics printed."""
+    """metrics_STEM.json, confusion_matrix_STEM.png and reliability_STEM.png under `out`; the
+    metrics printed, less the long tables."""
     out.mkdir(parents=True, exist_ok=True)
-    from vit.maps.plots import plot_confusion_matrix, save_figure  # matplotlib only for figures
+    # matplotlib only for figures
+    from vit.maps.plots import plot_confusion_matrix, plot_reliability, save_figure
 
     confusion = result.pop("confusion_matrix")  # back at the end: the JSON's last, long entry
     title = f"{result['split']}: top-1 {result['top1']:.2%}"
     fig = plot_confusion_matrix(torch.tensor(confusion), classes=classes, title=title)
     save_figure(fig, out / f"confusion_matrix_{stem}.png", dpi=120, bbox_inches="tight")
+    title = f"{result['split']}: ECE {result['ece']:.2%}, top-1 {result['top1']:.2%}"
+    fig = plot_reliability(result["calibration"], ece=result["ece"], title=title)
+    save_figure(fig, out / f"reliability_{stem}.png", dpi=120, bbox_inches="tight")
     result["confusion_matrix"] = confusion
     (out / f"metrics_{stem}.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: v for k, v in result.items() if k != "confusion_matrix"}, indent=2))
-    print(f"wrote {out / f'metrics_{stem}.json'} and {out / f'confusion_matrix_{stem}.png'}")
+    long = ("confusion_matrix", "calibration")
+    print(json.dumps({k: v for k, v in result.items() if k not in long}, indent=2))
+    figures = f"confusion_matrix_{stem}.png and reliability_{stem}.png"
+    print(f"wrote {out / f'metrics_{stem}.json'}, {figures}")

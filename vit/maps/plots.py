@@ -1,4 +1,5 @@
-"""Figures: confusion matrix, attention overlays and map grids. Matplotlib (headless) and torch."""
+"""Figures: confusion matrix, reliability diagram, attention overlays and map grids. Matplotlib
+(headless) and torch."""
 
 from __future__ import annotations
 
@@ -42,6 +43,34 @@ def plot_confusion_matrix(confusion: Tensor, *, classes: list[str], title: str =
             color = "white" if rates[i, j] > 0.5 else "black"
             ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", fontsize=7, color=color)
     ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_reliability(calibration: dict, *, ece: float, title: str = "") -> Figure:
+    """Reliability diagram of evaluate_loader's `calibration`: per confidence bin, the accuracy
+    (bars) and the mean confidence (red); a calibrated model's bars end on their red line, on the
+    diagonal. Below, the share of images per bin: ECE weighs each bin's gap by it."""
+    n = calibration["bins"]
+    images = torch.tensor(calibration["images"], dtype=torch.float64)
+    filled = [i for i in range(n) if images[i] > 0]
+    left = torch.arange(n, dtype=torch.float64) / n
+    fig, (top, bottom) = _subplots(
+        2, 1, figsize=(4.2, 5.0), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    accuracy = [calibration["accuracy"][i] for i in filled]
+    confidence = [calibration["confidence"][i] for i in filled]
+    x = [left[i].item() for i in filled]
+    top.bar(x, accuracy, width=1 / n, align="edge", color="tab:blue", edgecolor="white",
+            label="accuracy")  # fmt: skip
+    right = [v + 1 / n for v in x]
+    top.hlines(confidence, x, right, colors="tab:red", linewidth=2, label="mean confidence")
+    top.plot([0, 1], [0, 1], "k--", linewidth=1, label="calibrated")
+    top.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy", title=title or f"ECE {ece:.2%}")
+    top.legend(loc="upper left", fontsize=8)
+    bottom.bar(x, (images[filled] / images.sum()).tolist(), width=1 / n, align="edge",
+               color="tab:gray", edgecolor="white")  # fmt: skip
+    bottom.set(xlabel="confidence (softmax of the predicted class)", ylabel="share of images")
     fig.tight_layout()
     return fig
 
