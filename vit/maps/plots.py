@@ -54,13 +54,12 @@ def plot_reliability(calibration: dict, *, ece: float, title: str = "") -> Figur
     n = calibration["bins"]
     images = torch.tensor(calibration["images"], dtype=torch.float64)
     filled = [i for i in range(n) if images[i] > 0]
-    left = torch.arange(n, dtype=torch.float64) / n
     fig, (top, bottom) = _subplots(
         2, 1, figsize=(4.2, 5.0), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
     )
     accuracy = [calibration["accuracy"][i] for i in filled]
     confidence = [calibration["confidence"][i] for i in filled]
-    x = [left[i].item() for i in filled]
+    x = [i / n for i in filled]  # each bin's left edge
     top.bar(x, accuracy, width=1 / n, align="edge", color="tab:blue", edgecolor="white",
             label="accuracy")  # fmt: skip
     right = [v + 1 / n for v in x]

@@ -62,7 +62,7 @@ def evaluate_loader(
         ).reshape(num_classes, num_classes)
         top5_hits += (logits.topk(k, dim=-1).indices == labels[:, None]).any(dim=-1).sum().item()
         nll += F.cross_entropy(logits, labels, reduction="sum").item()
-        bins += calibration_bins(logits, labels)
+        bins += calibration_bins(logits, pred, labels)
         total += labels.numel()
     if total == 0:
         raise ValueError("the data loader yielded no images; check the split and data_dir.")
@@ -78,11 +78,11 @@ def evaluate_loader(
     }
 
 
-def calibration_bins(logits: Tensor, labels: Tensor) -> Tensor:
+def calibration_bins(logits: Tensor, pred: Tensor, labels: Tensor) -> Tensor:
     """(3, CALIBRATION_BINS) float64 sums over a batch: images, confidence and correct answers
-    per bin of the confidence, the softmax probability of the predicted class (the argmax, as
-    top-1 counts it). Bin m holds confidences in (m/M, (m+1)/M], as Guo et al. define them."""
-    pred = logits.argmax(dim=-1)
+    per bin of the confidence, the softmax probability of the predicted class `pred` (the
+    logits' argmax, as top-1 counts it). Bin m holds confidences in (m/M, (m+1)/M], as Guo et al.
+    define them."""
     confidence = logits.double().softmax(dim=-1).gather(-1, pred[:, None])[:, 0]
     index = (confidence * CALIBRATION_BINS).ceil().long().sub(1).clamp(0, CALIBRATION_BINS - 1)
     parts = torch.stack([torch.ones_like(confidence), confidence, (pred == labels).double()])
@@ -94,14 +94,13 @@ def calibration_summary(bins: Tensor) -> dict[str, Any]:
     and accuracy, bins weighted by their images), and each bin's images, mean confidence and
     accuracy (None where a bin is empty)."""
     count, confidence, correct = bins
-    filled = count > 0
-    gap = (confidence - correct).abs()  # count * |mean confidence - accuracy|
+    gap = (confidence - correct).abs()  # count * |mean confidence - accuracy|; 0 where empty
     images = count.tolist()
     per_bin = {
         name: [s / n if n else None for s, n in zip(sums.tolist(), images, strict=True)]
         for name, sums in (("confidence", confidence), ("accuracy", correct))
     }
     return {
-        "ece": (gap[filled].sum() / count.sum()).item(),
+        "ece": (gap.sum() / count.sum()).item(),
         "calibration": {"bins": CALIBRATION_BINS, "images": [int(n) for n in images], **per_bin},
     }
