@@ -142,6 +142,7 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[M
         monkeypatch.setenv(key, str(value))
     yield wandb
     wandb.finish()  # a run left open would be reused by the next WandbLogger in this process
+    wandb.teardown()  # and its service, stopped, has closed every run file
 
 
 def _wandb_records(path: Path) -> Iterator[object]:
@@ -170,16 +171,18 @@ def _wandb_records(path: Path) -> Iterator[object]:
 def _wandb_run(folder: Path) -> tuple[str, dict[str, list[float]]]:
     """The run id and the history (metric -> values in order) of one offline run folder."""
     (path,) = folder.glob("run-*.wandb")
-    run_id, history = None, {}
+    run_id, history, kinds = None, {}, []
     for record in _wandb_records(path):
         kind = record.WhichOneof("record_type")
+        kinds.append(kind)
         if kind == "run":
             run_id = record.run.run_id
         elif kind == "history":
             for item in record.history.item:
                 key = item.key or "/".join(item.nested_key)
                 history.setdefault(key, []).append(json.loads(item.value_json))
-    assert run_id is not None, f"{path} has no run record"
+    found = f"{path} ({path.stat().st_size} bytes) holds records {sorted(set(kinds))}"
+    assert run_id is not None and "exit" in kinds, f"no run or no exit record: {found}"
     return run_id, history
 
 
@@ -194,8 +197,11 @@ def test_wandb_logger_records_each_fit_in_a_run_of_its_own(
     ]
     for _ in range(2):
         _fit(image_tree, runs, *wandb)
-        wandb_offline.finish()  # as vit-train's exit does: the run file is complete, and the
-        # next fit starts a run of its own (an open run would be reused)
+        # As vit-train's exit does (wandb's atexit hook): finish() alone returns before wandb's
+        # service has written the run file (seen: 7 bytes, the header), teardown() waits for it;
+        # and the next fit starts a run of its own (an open run would be reused).
+        wandb_offline.finish()
+        wandb_offline.teardown()
 
     folders = sorted((save_dir / "wandb").glob("offline-run-*"), key=lambda p: p.stat().st_mtime)
     assert len(folders) == 2, folders
