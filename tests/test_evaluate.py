@@ -116,3 +116,52 @@ def test_calibration_error_is_torchmetrics_and_nll_is_cross_entropy() -> None:
     bound = 200 * torch.finfo().eps * per_image.max().item()
     assert result["nll"] == pytest.approx(per_image.mean().item(), abs=bound)
     assert sum(result["calibration"]["images"]) == 200
+
+
+def test_top5_counts_the_true_class_among_the_five_highest_logits() -> None:
+    # ten classes; image i's true class holds rank i + 1 (the highest logit at rank 1)
+    ranks = torch.arange(10, 0, -1, dtype=torch.float32)  # class c's logit: 10 - c
+    logits = ranks.expand(10, 10).clone()
+    labels = torch.arange(10)  # image i's label is class i: rank i + 1
+    result = evaluate_loader(
+        Fixed(logits),
+        _indexed(10, labels, batch=4),
+        preprocess=lambda x: x.float(),
+        classes=[str(c) for c in range(10)],
+    )
+    assert result["top1"] == 0.1 and result["top5"] == 0.5
+
+
+def test_with_two_classes_top_k_is_top2() -> None:
+    result = evaluate_loader(
+        LeftOrRight(), _batches(), preprocess=lambda x: x.float(), classes=["left", "right"]
+    )
+    assert result["top2"] == 1.0 and "top5" not in result
+
+
+class Spy(LeftOrRight):
+    """LeftOrRight that records the mode and the autocast state each forward ran under."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[bool, bool, torch.dtype]] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = torch.get_autocast_dtype("cpu")
+        self.seen.append((self.training, torch.is_autocast_enabled("cpu"), dtype))
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_the_model_runs_in_eval_mode_under_the_autocast_asked_for(
+    dtype: torch.dtype | None,
+) -> None:
+    model = Spy().train()
+    evaluate_loader(
+        model, _batches(), preprocess=lambda x: x.float(), classes=["l", "r"], dtype=dtype
+    )
+    assert len(model.seen) == 2  # one forward per batch
+    for training, autocast, autocast_dtype in model.seen:
+        assert not training  # dropout and stochastic depth off
+        assert autocast == (dtype is not None)
+        assert dtype is None or autocast_dtype == dtype
