@@ -511,7 +511,15 @@ def test_train_augment_takes_the_edge_settings() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [dict(), dict(padding=0), dict(hflip=False), dict(trivial=True), dict(rand_ops=2)]
+    "kwargs",
+    [
+        dict(),
+        dict(padding=0),
+        dict(hflip=False),
+        dict(trivial=True),
+        dict(rand_ops=2),
+        dict(rand_ops=1, erase_prob=0.5),
+    ],
 )
 def test_train_augment_is_its_draws_then_an_apply_that_draws_nothing(kwargs: dict) -> None:
     """forward = draw (every random choice, on the host, in forward's order) then apply (no
@@ -612,6 +620,7 @@ AUGMENTS = {
     "crop-flip": {},
     "trivial": {"trivial": True},
     "rand": {"rand_ops": 2, "rand_magnitude": 5},
+    "erasing": {"erase_prob": 0.5},
 }
 
 

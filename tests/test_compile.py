@@ -53,7 +53,9 @@ def test_forward_and_loss_are_one_graph(network: torch.nn.Module) -> None:
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
 
 
-@pytest.mark.parametrize("kwargs", [dict(trivial=True), dict(rand_ops=2)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(trivial=True), dict(rand_ops=2), dict(trivial=True, erase_prob=0.5)]
+)
 def test_the_device_augmentation_is_one_graph_once_its_draws_are_made(kwargs: dict) -> None:
     """The batch augmentation as on a GPU (every op on the whole batch), its draws made first on
     the host: torch.compile takes the pixel work and the normalization as one graph. (Drawn inside,
@@ -75,7 +77,8 @@ def test_the_compiled_augmentation_gives_the_eager_images() -> None:
     """compile_augment's TrainAugment (inductor, one graph) gives, draw for draw, the images of
     the eager augmentation, pixel for pixel, on the CPU."""
     x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
-    eager, compiled = TrainAugment(trivial=True), TrainAugment(trivial=True, compiled=True)
+    settings = dict(trivial=True, erase_prob=0.5)  # every pixel op, random erasing included
+    eager, compiled = TrainAugment(**settings), TrainAugment(**settings, compiled=True)
     torch._dynamo.reset()
     for seed in range(3):
         out = compiled(x, generator=torch.Generator().manual_seed(seed))

@@ -68,6 +68,7 @@ def test_split_size_errors(image_tree: Path) -> None:
         ),
         (dict(trivial_augment=True, rand_augment_ops=2), "choose one"),
         (dict(rand_augment_ops=2, rand_augment_magnitude=40), r"in \[0, 30\], got 40"),
+        (dict(random_erasing=1.5), r"random_erasing must be a probability in \[0, 1\], got 1.5"),
     ],
 )
 def test_init_rejects_bad_values(tmp_path: Path, kwargs: dict, pattern: str) -> None:
@@ -310,3 +311,8 @@ def test_randaugment_settings_reach_the_training_augmentation(tmp_path: Path) ->
     augment = tiny_datamodule(tmp_path, rand_augment_ops=2, rand_augment_magnitude=7).train_augment
     assert (augment.rand_ops, augment.rand_magnitude, augment.trivial) == (2, 7, False)
     assert tiny_datamodule(tmp_path).train_augment.rand_ops == 0  # off unless asked
+
+
+def test_random_erasing_reaches_the_training_augmentation(tmp_path: Path) -> None:
+    assert tiny_datamodule(tmp_path, random_erasing=0.25).train_augment.erase_prob == 0.25
+    assert tiny_datamodule(tmp_path).train_augment.erase_prob == 0.0  # off unless asked

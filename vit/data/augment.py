@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.data.erasing import check_erase_prob, draw_erasing, erase_at
 from vit.data.trivial_augment import (
     apply_ops,
     draw_device,
@@ -190,8 +191,9 @@ def mix_batch(
 
 
 class TrainAugment(nn.Module):
-    """The CIFAR-10 training augmentation: random crop with zero padding, random flip, and
-    (optional) TrivialAugment or RandAugment (`rand_ops` ops at bin `rand_magnitude`).
+    """The CIFAR-10 training augmentation: random crop with zero padding, random flip,
+    (optional) TrivialAugment or RandAugment (`rand_ops` ops at bin `rand_magnitude`), and last
+    (optional) random erasing of one box per image with probability `erase_prob`.
 
     `compiled`: draw on the host, then run the whole batch's pixel work (every op on every image,
     each image keeping its own) as one torch.compile graph: a few fused kernels on a GPU instead
@@ -206,9 +208,11 @@ class TrainAugment(nn.Module):
         trivial: bool = False,
         rand_ops: int = 0,
         rand_magnitude: int = 9,
+        erase_prob: float = 0.0,
         compiled: bool = False,
     ) -> None:
         super().__init__()
+        check_erase_prob(erase_prob)
         if not isinstance(padding, int) or padding < 0:
             raise ValueError(
                 f"TrainAugment padding must be an int >= 0, got {padding!r}; "
@@ -230,6 +234,7 @@ class TrainAugment(nn.Module):
         self.hflip = bool(hflip)
         self.trivial = bool(trivial)
         self.rand_ops, self.rand_magnitude = rand_ops, rand_magnitude
+        self.erase_prob = float(erase_prob)
         self.compiled = bool(compiled)
         self._compiled_apply: Callable[..., Tensor] | None = None  # built on first use
 
@@ -239,8 +244,8 @@ class TrainAugment(nn.Module):
         if self.trivial:
             _check_uint8(images, name="trivial_augment")
         device = draw_device(images, generator)
-        b, _, h, w = images.shape
-        draws = self.draw(b, generator=generator, device=device, size=(h, w))
+        b, c, h, w = images.shape
+        draws = self.draw(b, generator=generator, device=device, size=(h, w), channels=c)
         if not self.compiled:
             return self.apply(images, draws)
         if self._compiled_apply is None:
@@ -256,11 +261,14 @@ class TrainAugment(nn.Module):
         generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
         size: tuple[int, int] = (32, 32),
+        channels: int = 3,
     ) -> dict[str, Any]:
         """Every random choice for `batch` images of `size` (H, W), in the order forward makes
-        them: "crop" offsets (2, B), "flip" (B,) bool, and "ops", one (op index, magnitudes) pair
-        per TrivialAugment or RandAugment round. Drawn on the host, they leave `apply` free of
-        draws: torch.compile takes it as one graph (a draw from a generator breaks a graph)."""
+        them: "crop" offsets (2, B), "flip" (B,) bool, "ops", one (op index, magnitudes) pair
+        per TrivialAugment or RandAugment round, and random erasing's "erase" boxes (4, B) and
+        "erase_fill" (B, `channels`, H, W), drawn after the others (off: as without it). Drawn on
+        the host, they leave `apply` free of draws: torch.compile takes it as one graph (a draw
+        from a generator breaks a graph)."""
         draws: dict[str, Any] = {"ops": []}
         if self.padding:
             draws["crop"] = crop_offsets(batch, self.padding, generator, device)
@@ -277,6 +285,15 @@ class TrainAugment(nn.Module):
                 device=device,
                 size=size,
             )
+        if self.erase_prob:
+            draws["erase"], draws["erase_fill"] = draw_erasing(
+                batch,
+                p=self.erase_prob,
+                size=size,
+                channels=channels,
+                generator=generator,
+                device=device,
+            )
         return draws
 
     def apply(
@@ -290,6 +307,8 @@ class TrainAugment(nn.Module):
             images = flip_at(images, draws["flip"])
         for op_index, magnitude in draws["ops"]:
             images = apply_ops(images, op_index, magnitude, grouped=grouped)
+        if "erase" in draws:
+            images = erase_at(images, draws["erase"], draws["erase_fill"])
         return images
 
     def extra_repr(self) -> str:
@@ -297,6 +316,7 @@ class TrainAugment(nn.Module):
         return (
             f"padding={self.padding}, hflip={self.hflip}, trivial={self.trivial}"
             + (rand if self.rand_ops else "")
+            + (f", erase_prob={self.erase_prob}" if self.erase_prob else "")
             + (", compiled=True" if self.compiled else "")
         )
 

@@ -73,6 +73,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         trivial_augment: TrivialAugment per image, as in experiments/cifar10_full.yaml.
         rand_augment_ops: RandAugment's ops per image instead (0: off; 2 as timm's rand-m9-n2).
         rand_augment_magnitude: RandAugment's one magnitude bin, 0-30.
+        random_erasing: the share of training images given one box of random pixels, after the
+            other augmentation (vit/data/erasing.py; 0: off; 0.25 is DeiT's and timm's --reprob).
         augment_in_loader: augment on the CPU as the loader gathers batches, not on the device.
         device_data: keep the training split on the training device as uint8 and gather each
             batch there: the loader yields positions only (for a GPU; not with augment_in_loader).
@@ -102,6 +104,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         trivial_augment: bool = False,
         rand_augment_ops: int = 0,
         rand_augment_magnitude: int = 9,
+        random_erasing: float = 0.0,
         augment_in_loader: bool = False,
         device_data: bool = False,
         drop_last: bool = True,
@@ -117,6 +120,7 @@ class CIFAR10DataModule(L.LightningDataModule):
             trivial=trivial_augment,
             rand_ops=rand_augment_ops,
             rand_magnitude=rand_augment_magnitude,
+            erase_prob=random_erasing,
             compiled=compile_augment,
         )
         self.train_dataset: TensorImageDataset | None = None

@@ -1,0 +1,143 @@
+"""Tests for vit.data.erasing: random erasing's boxes, fill and draws, against torchvision's rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torchvision.transforms import RandomErasing
+
+from vit.data.augment import TrainAugment, _draws_to
+from vit.data.erasing import RATIO, SCALE, draw_erasing, erase_at, random_erasing
+
+
+def _images(b: int = 8, h: int = 32, w: int = 32, *, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (b, 3, h, w), generator=g, dtype=torch.uint8)
+
+
+def _draw(b: int, p: float = 1.0, size: tuple[int, int] = (32, 32), seed: int = 0):
+    return draw_erasing(b, p=p, size=size, generator=torch.Generator().manual_seed(seed))
+
+
+def test_each_erased_image_holds_its_fill_inside_its_box_and_itself_outside() -> None:
+    images = _images(64, 24, 20)
+    boxes, fill = _draw(64, p=0.5, size=(24, 20))
+    out = erase_at(images, boxes, fill)
+    assert out.dtype == torch.uint8 and out.shape == images.shape
+    for i, (top, left, height, width) in enumerate(boxes.T.tolist()):
+        inside = torch.zeros(24, 20, dtype=torch.bool)
+        inside[top : top + height, left : left + width] = True
+        assert torch.equal(out[i][:, inside], fill[i][:, inside])
+        assert torch.equal(out[i][:, ~inside], images[i][:, ~inside])
+    assert 0 < (boxes[2] > 0).sum() < 64  # some erased, some whole
+
+
+def test_the_boxes_follow_torchvisions_rules_of_area_ratio_and_place() -> None:
+    """Every box lies strictly inside the image, with torchvision's area share (2% to 1/3) and
+    aspect ratio (0.3 to 3.3), each side rounded to whole pixels."""
+    h, w = 32, 32
+    top, left, height, width = _draw(2000)[0]
+    assert (height > 0).all() and (height < h).all() and (width < w).all()
+    assert (top >= 0).all() and (top + height <= h).all()
+    assert (left >= 0).all() and (left + width <= w).all()
+    # rounding each side by at most half a pixel moves the area and the ratio by as much
+    area = height * width
+    assert (area >= (math.sqrt(SCALE[0] * h * w) - 0.5) ** 2).all()
+    assert (area <= (math.sqrt(SCALE[1] * h * w) + 0.5) ** 2).all()
+    ratio, a = height / width, SCALE[0] * h * w  # the smallest area rounds its ratio most
+    assert (ratio >= (math.sqrt(a * RATIO[0]) - 0.5) / (math.sqrt(a / RATIO[0]) + 0.5)).all()
+    assert (ratio <= (math.sqrt(a * RATIO[1]) + 0.5) / (math.sqrt(a / RATIO[1]) - 0.5)).all()
+    assert ratio.min() < 0.6 and ratio.max() > 1.8  # both wide and tall boxes are drawn
+    # each corner is uniform over the places the box fits: the first and the last both occur
+    assert (top == 0).any() and (top + height == h).any()
+    assert (left == 0).any() and (left + width == w).any()
+
+
+def test_the_boxes_are_distributed_as_torchvisions() -> None:
+    """The same rules as torchvision.transforms.RandomErasing: the mean area share and mean log
+    aspect ratio of 4,000 boxes each agree within five standard errors of their difference."""
+    n, h, w = 4000, 32, 32
+    torch.manual_seed(0)
+    image = torch.zeros(3, h, w)
+    theirs = torch.tensor(
+        [RandomErasing.get_params(image, SCALE, RATIO, value=[0.0])[:4] for _ in range(n)]
+    ).T.float()
+    ours = _draw(n)[0].float()
+    for stat in (
+        lambda b: b[2] * b[3] / (h * w),  # area share
+        lambda b: (b[2] / b[3]).log(),  # log aspect ratio
+        lambda b: b[0] + b[2] / 2,  # the box's centre row
+    ):
+        a, b = stat(ours), stat(theirs)
+        se = math.sqrt(a.var() / n + b.var() / n)
+        assert abs(a.mean() - b.mean()) < 5 * se, (a.mean(), b.mean(), se)
+
+
+def test_the_share_erased_is_p_and_the_fill_is_uniform_bytes() -> None:
+    boxes, fill = _draw(4000, p=0.25)
+    share = (boxes[2] > 0).float().mean().item()
+    assert abs(share - 0.25) < 5 * math.sqrt(0.25 * 0.75 / 4000)
+    assert (boxes[2] > 0).eq(boxes[3] > 0).all()  # a box has both sides or neither
+    assert fill.dtype == torch.uint8 and fill.shape == (4000, 3, 32, 32)
+    assert fill.min() == 0 and fill.max() == 255
+    assert abs(fill.float().mean().item() - 127.5) < 1.0
+    assert (_draw(100, p=0.0)[0][2] == 0).all()
+
+
+def test_random_erasing_is_its_draws_then_erase_at_and_keeps_the_global_rng() -> None:
+    images = _images(16)
+    rng = torch.get_rng_state()
+    out = random_erasing(images, p=0.5, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(torch.get_rng_state(), rng)
+    boxes, fill = _draw(16, p=0.5, seed=3)
+    assert torch.equal(out, erase_at(images, boxes, fill))
+    assert not torch.equal(out, images)
+    assert torch.equal(random_erasing(images, p=0.0), images)
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5, True, "0.25", None])
+def test_a_probability_outside_zero_to_one_is_refused_with_the_fix(p: object) -> None:
+    message = r"^random_erasing must be a probability in \[0, 1\], got .*; 0 turns it off"
+    with pytest.raises(ValueError, match=message):
+        TrainAugment(erase_prob=p)
+    with pytest.raises(ValueError, match=message):
+        random_erasing(_images(2), p=p)
+
+
+def test_train_augment_erases_last_and_draws_nothing_more_when_off() -> None:
+    """erase_prob: the other draws are unchanged and come first, the box is drawn after them, and
+    apply erases after crop, flip and the policy; off, the draws are exactly as without it."""
+    images = _images(32)
+    plain, erasing = TrainAugment(trivial=True), TrainAugment(trivial=True, erase_prob=1.0)
+    g_plain, g_erasing = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    drawn, drawn_erasing = plain.draw(32, generator=g_plain), erasing.draw(32, generator=g_erasing)
+    assert "erase" not in drawn and "erase_fill" not in drawn
+    for key in ("crop", "flip"):
+        assert torch.equal(drawn[key], drawn_erasing[key])
+    out = erasing.apply(images, drawn_erasing)
+    expected = erase_at(
+        plain.apply(images, drawn), drawn_erasing["erase"], drawn_erasing["erase_fill"]
+    )
+    assert torch.equal(out, expected)
+    assert torch.equal(erasing(images, generator=torch.Generator().manual_seed(5)), out)
+    assert (drawn_erasing["erase"][2] > 0).all()
+    assert TrainAugment(erase_prob=0.0).draw(4).keys() == TrainAugment().draw(4).keys()
+
+
+def test_the_fill_has_the_images_channels_and_moves_with_the_draws() -> None:
+    augment = TrainAugment(erase_prob=0.5)
+    gray = augment(_images(4)[:, :1], generator=torch.Generator().manual_seed(0))
+    assert gray.shape == (4, 1, 32, 32)
+    draws = augment.draw(4, size=(16, 24), channels=1)
+    assert draws["erase"].shape == (4, 4) and draws["erase_fill"].shape == (4, 1, 16, 24)
+    moved = _draws_to(draws, torch.device("meta"))
+    assert {moved[k].device.type for k in ("erase", "erase_fill")} == {"meta"}
+    meta = augment.draw(4, device="meta")
+    assert {meta[k].device.type for k in ("erase", "erase_fill")} == {"meta"}
+
+
+def test_train_augment_names_its_erasing() -> None:
+    assert repr(TrainAugment(erase_prob=0.25)).endswith("trivial=False, erase_prob=0.25)")
+    assert "erase" not in repr(TrainAugment())
