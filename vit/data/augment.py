@@ -1,4 +1,4 @@
-"""Batched augmentation on uint8 image tensors (B, C, H, W): crop, flip, normalize whole batches."""
+"""Batched augmentation on uint8 image tensors (B, C, H, W): crop, flip, erase, normalize."""
 
 from __future__ import annotations
 
@@ -136,6 +136,20 @@ def trivial_augment(images: Tensor, *, generator: torch.Generator | None = None)
     return trivial_augment_batch(images, generator=generator)
 
 
+def random_erasing(
+    images: Tensor, *, p: float = 0.25, generator: torch.Generator | None = None
+) -> Tensor:
+    """Random erasing (vit/data/erasing.py): with probability `p` per image, one box of uniform
+    random pixels, torchvision's box rules, in a uint8 batch."""
+    _check_batch(images, name="random_erasing")
+    _check_uint8(images, name="random_erasing")
+    check_erase_prob(p)
+    b, c, h, w = images.shape
+    device = draw_device(images, generator)
+    boxes, fill = draw_erasing(b, p=p, size=(h, w), channels=c, generator=generator, device=device)
+    return erase_at(images, boxes, fill)
+
+
 def check_mix_args(mixup_alpha: float, cutmix_alpha: float, prob: float) -> None:
     """Raise, with the fix, unless both alphas are >= 0 and the mixing probability is in [0, 1]."""
     if mixup_alpha < 0 or cutmix_alpha < 0 or not 0 <= prob <= 1:
@@ -243,6 +257,8 @@ class TrainAugment(nn.Module):
         _check_batch(images, name="TrainAugment")
         if self.trivial:
             _check_uint8(images, name="trivial_augment")
+        if self.erase_prob:
+            _check_uint8(images, name="random_erasing")
         device = draw_device(images, generator)
         b, c, h, w = images.shape
         draws = self.draw(b, generator=generator, device=device, size=(h, w), channels=c)

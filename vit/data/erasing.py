@@ -1,7 +1,7 @@
 """Random erasing (Zhong et al. 2017, https://arxiv.org/abs/1708.04896) on uint8 batches: with
 probability p an image gets one rectangle of random pixels, so the model cannot lean on any one
 part of the object. The box's rules are torchvision's RandomErasing (and timm's `--reprob`): an
-area of 2% to 1/3 of the image, an aspect ratio log-uniform in [0.3, 3.3], up to 10 tries for a
+area of 2% to 33% of the image, an aspect ratio log-uniform in [0.3, 3.3], up to 10 tries for a
 box that fits, else the image stays whole. The fill is the paper's: uniform random values."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import math
 import torch
 from torch import Tensor
 
-from vit.data.trivial_augment import draw_device, to_device
+from vit.data.trivial_augment import to_device
 
-SCALE = (0.02, 1 / 3)  # the box's share of the image's area
+SCALE = (0.02, 0.33)  # the box's share of the image's area
 RATIO = (0.3, 3.3)  # the box's height / width
 ATTEMPTS = 10
 
@@ -68,15 +68,3 @@ def erase_at(images: Tensor, boxes: Tensor, noise: Tensor) -> Tensor:
     cols = torch.arange(w, device=images.device)  # (W,)
     inside = (rows >= top) & (rows < top + height) & (cols >= left) & (cols < left + width)
     return torch.where(inside[:, None], to_device(noise, images.device), images)
-
-
-def random_erasing(
-    images: Tensor, *, p: float = 0.25, generator: torch.Generator | None = None
-) -> Tensor:
-    """Erase one random box of each image of a uint8 batch (B, C, H, W) with probability `p`."""
-    check_erase_prob(p)
-    b, c, h, w = images.shape
-    boxes, noise = draw_erasing(
-        b, p=p, size=(h, w), channels=c, generator=generator, device=draw_device(images, generator)
-    )
-    return erase_at(images, boxes, noise)
