@@ -8,16 +8,12 @@ import pytest
 import torch
 from torchvision.transforms import RandomErasing
 
+from tests.test_augment import _images
 from vit.data.augment import TrainAugment, _draws_to, random_erasing
 from vit.data.erasing import draw_erasing, erase_at
 
 # torchvision's defaults, the rules the boxes follow (not the module's own constants)
 SCALE, RATIO = RandomErasing().scale, RandomErasing().ratio
-
-
-def _images(b: int = 8, h: int = 32, w: int = 32, *, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (b, 3, h, w), generator=g, dtype=torch.uint8)
 
 
 def _draw(b: int, p: float = 1.0, size: tuple[int, int] = (32, 32), seed: int = 0):
