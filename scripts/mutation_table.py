@@ -341,12 +341,22 @@ def corrected(commit: str, status_note: str = "") -> str:
 
 
 def added_modules(record: Record, modules: list[str]) -> list[str]:
-    """Rows for modules the kept table lacks, from mutmut's outcomes of their own run."""
+    """Sections for modules the kept table lacks: from mutmut's outcomes of their own run, or,
+    for a module without outcomes here, its section as last committed if its source has not
+    changed since (the outcomes are not in git)."""
     if not modules:
         return []
-    lines = ["", f"## Added to the scope since ({', '.join(modules)})", ""]
+    fresh = [m for m in modules if set(outcomes(m).values()) - {"not checked"}]
+    lines: list[str] = []
+    for section, covered in kept_sections([m for m in modules if m not in fresh]):
+        if overlap := [m for m in covered if m in fresh]:
+            raise SystemExit(f"{', '.join(overlap)}: both kept and run again: keep one")
+        lines += ["", *section]
+    if not fresh:
+        return lines
+    lines += ["", f"## Added to the scope since ({', '.join(fresh)})", ""]
     runs = ", ".join(f"`bash scripts/mutation_run.sh {m.removesuffix('.py').replace('/', '.')}`"
-                     for m in modules)  # fmt: skip
+                     for m in fresh)  # fmt: skip
     lines += [
         f"Run by {runs} (mutmut's outcomes in mutants/), then each survivor killed or reviewed "
         f"as above; {datetime.date.today()}, CPU {cpu_kind()}.",
@@ -354,14 +364,49 @@ def added_modules(record: Record, modules: list[str]) -> list[str]:
         *TABLE_HEAD,
     ]
     survivors: list[str] = []
-    for module in modules:
+    for module in fresh:
         row, alive, changed = module_row(module, record)
-        if changed or not outcomes(module):
+        if changed:
             raise SystemExit(f"{module}: no outcomes of its current source: run mutmut on it first")
         lines.append(row)
         survivors += alive
     lines += ["", f"Survivors neither killed since nor reviewed: {len(survivors)}."]
     return lines + [f"- `{m}`" for m in sorted(survivors)]
+
+
+ADDED = "## Added to the scope since ("
+KEPT = "(Kept as committed at"
+
+
+def kept_sections(modules: list[str]) -> list[tuple[list[str], list[str]]]:
+    """For modules without mutmut outcomes here: each committed "Added to the scope" section
+    that holds their rows (its lines, the modules it covers), from the last commit of mutmut.md,
+    provided none of its modules' source has changed since."""
+    if not modules:
+        return []
+    path = str((RECORD / "mutmut.md").relative_to(REPO))
+    commit = git("log", "-1", "--format=%h", "--", path).strip()
+    text = git("show", f"{commit}:{path}") if commit else ""
+    sections = []
+    for part in text.split("\n" + ADDED)[1:]:
+        body = part.split("\n\nRecord rows refused")[0].rstrip("\n").split("\n")
+        covered = body[0].removesuffix(")").split(", ")
+        sections.append((covered, [ADDED + body[0], *body[1:]]))
+    out: list[tuple[list[str], list[str]]] = []
+    for module in modules:
+        found = [(body, covered) for covered, body in sections if module in covered]
+        if not found:
+            raise SystemExit(f"{module}: no outcomes of its current source: run mutmut on it first")
+        body, covered = found[0]
+        if any(covered == c for _, c in out):
+            continue
+        if changed := [m for m in covered if git("diff", commit, "--", m).strip()]:
+            raise SystemExit(f"{', '.join(changed)}: changed since {commit}: run mutmut on it")
+        if not any(line.startswith(KEPT) for line in body):  # an older keep names the first
+            body = [body[0], "", f"{KEPT} {commit}: mutmut's outcomes are not in git, and the "
+                    "source of these modules has not changed since.)", *body[1:]]  # fmt: skip
+        out.append((body, covered))
+    return out
 
 
 def refused_summary() -> list[str]:

@@ -671,3 +671,13 @@ def test_train_augment_draws_on_the_device_and_for_the_size_it_is_given() -> Non
     ((ops_32, magnitude_32),) = augment.draw(16, generator=torch.Generator().manual_seed(3))["ops"]
     assert torch.equal(drawn["ops"][0][0], op_index) and torch.equal(drawn["ops"][0][1], magnitude)
     assert torch.equal(ops_32, op_index) and not torch.equal(magnitude_32, magnitude)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"trivial": True, "erase_prob": 0.5}])
+def test_without_a_generator_a_batch_elsewhere_draws_on_its_own_device(kwargs: dict) -> None:
+    """With no generator, TrainAugment draws where the batch is (meta stands in for a GPU: its
+    own random state, no copy from the host): the CPU's random state is left as it was."""
+    state = torch.get_rng_state()
+    out = TrainAugment(**kwargs)(_images(4).to("meta"))
+    assert out.device.type == "meta" and out.shape == (4, 3, 32, 32)
+    assert torch.equal(torch.get_rng_state(), state)

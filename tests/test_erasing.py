@@ -77,6 +77,29 @@ def test_the_boxes_are_distributed_as_torchvisions() -> None:
         assert abs(a.mean() - b.mean()) < 5 * se, (a.mean(), b.mean(), se)
 
 
+def test_the_corner_draws_top_and_left_independently() -> None:
+    """Each box's row and column offsets come from two uniforms: where every square box could sit
+    anywhere, top and left (as shares of the room the box leaves) are uncorrelated."""
+    top, left, height, width = _draw(4000)[0].double()
+    across, down = top / (32 - height + 1), left / (32 - width + 1)
+    corr = torch.corrcoef(torch.stack([across, down]))[0, 1].item()
+    assert abs(corr) < 5 / math.sqrt(4000), corr  # five standard errors of a zero correlation
+
+
+def test_the_draws_take_the_generator_in_a_fixed_order() -> None:
+    """One uniform per image for erase-or-not, ten areas and ten ratios per image, two corner
+    uniforms per image, then the fill: a seed gives the same boxes and fill from one version to
+    the next, and the draws after them are the same whatever p is."""
+    b, (h, w), g = 8, (32, 32), torch.Generator().manual_seed(7)
+    boxes, fill = draw_erasing(b, p=0.5, size=(h, w), generator=g)
+    replay = torch.Generator().manual_seed(7)
+    torch.rand(b + 2 * 10 * b + 2 * b, generator=replay)
+    assert torch.equal(
+        fill, torch.randint(0, 256, (b, 3, h, w), dtype=torch.uint8, generator=replay)
+    )
+    assert torch.equal(g.get_state(), replay.get_state())
+
+
 @pytest.mark.parametrize("size", [(32, 2), (3, 24)])
 def test_where_no_box_fits_in_ten_tries_the_image_stays_whole_as_in_torchvision(size) -> None:
     """On a thin image most tries do not fit: the share left whole (torchvision: a box of the
@@ -180,3 +203,32 @@ def test_a_cpu_generator_drives_erasing_on_another_device(p: float) -> None:
 def test_train_augment_names_its_erasing() -> None:
     assert repr(TrainAugment(erase_prob=0.25)).endswith("trivial=False, erase_prob=0.25)")
     assert "erase" not in repr(TrainAugment())
+
+
+def test_random_erasing_draws_on_the_generator_device_whatever_the_default_device() -> None:
+    """A script's torch.set_default_device("cuda") still erases CPU images with a CPU generator;
+    the meta device stands in for the GPU (a draw there has no value to read)."""
+    images = _images(8, 8, 8)
+    expected = random_erasing(images, p=0.5, generator=torch.Generator().manual_seed(6))
+    with torch.device("meta"):
+        out = random_erasing(images, p=0.5, generator=torch.Generator().manual_seed(6))
+    assert out.device.type == "cpu" and torch.equal(out, expected)
+
+
+def test_random_erasing_keeps_a_gray_batch_gray_and_erases_a_quarter_by_default() -> None:
+    """The fill takes the batch's channels; p defaults to DeiT's and timm's 0.25."""
+    gray = _images(4)[:, :1]
+    assert random_erasing(gray, p=1.0).shape == (4, 1, 32, 32)
+    n = 4000
+    images = torch.full((n, 1, 8, 8), 7, dtype=torch.uint8)  # any erased pixel of 7 is noise
+    share = (random_erasing(images) != 7).flatten(1).any(1).float().mean().item()
+    # a box of k pixels of noise is all 7 with odds 256**-k <= 1/256: a bias far inside the bound
+    assert abs(share - 0.25) < 5 * math.sqrt(0.25 * 0.75 / n), share
+
+
+def test_without_a_generator_erasing_draws_on_the_batchs_own_device() -> None:
+    """No generator: the box and the fill are drawn where the batch is (meta stands in for a
+    GPU), and the CPU's random state is left as it was."""
+    state = torch.get_rng_state()
+    out = random_erasing(_images(4).to("meta"), p=0.5)
+    assert out.device.type == "meta" and torch.equal(torch.get_rng_state(), state)

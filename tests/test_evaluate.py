@@ -118,6 +118,35 @@ def test_calibration_error_is_torchmetrics_and_nll_is_cross_entropy() -> None:
     assert sum(result["calibration"]["images"]) == 200
 
 
+def test_each_confidence_falls_in_its_own_bin_from_the_first_to_the_last() -> None:
+    """Confidence c falls in bin ceil(15c) - 1: with 100 classes (CIFAR-100) the top class can
+    hold under 1/15, the first bin; a confidence near 1 falls in the last."""
+    confidence = (torch.arange(15, dtype=torch.float64) + 0.5) / 15  # the middle of each bin
+    logits = ((1 - confidence[:, None]) / 99).expand(15, 100).clone()
+    logits[:, 0] = confidence  # each row sums to 1: its own softmax, as log-probabilities
+    result = evaluate_loader(
+        Fixed(logits.log()),
+        _indexed(15, torch.zeros(15, dtype=torch.long)),
+        preprocess=lambda x: x.float(),
+        classes=[str(c) for c in range(100)],
+    )
+    assert result["calibration"]["images"] == [1] * 15
+
+
+def test_a_model_that_answers_nan_is_scored_not_a_crash() -> None:
+    """A diverged checkpoint (NaN logits) still gets its report: its calibration error reads
+    NaN, and every image is counted."""
+    logits = torch.full((4, 10), float("nan"))
+    result = evaluate_loader(
+        Fixed(logits),
+        _indexed(4, torch.zeros(4, dtype=torch.long)),
+        preprocess=lambda x: x.float(),
+        classes=[str(c) for c in range(10)],
+    )
+    assert result["num_images"] == 4 and math.isnan(result["ece"])
+    assert sum(result["calibration"]["images"]) == 4
+
+
 def test_top5_counts_the_true_class_among_the_five_highest_logits() -> None:
     # ten classes; image i's true class holds rank i + 1 (the highest logit at rank 1)
     ranks = torch.arange(10, 0, -1, dtype=torch.float32)  # class c's logit: 10 - c

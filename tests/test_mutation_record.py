@@ -129,3 +129,47 @@ def test_a_module_row_counts_kills_since_and_verdicts_of_its_survivors(
     monkeypatch.setattr(table, "outcomes", lambda module: {})
     with pytest.raises(SystemExit, match="m.py: no outcomes of its current source"):
         table.added_modules(record, ["m.py"])
+
+
+COMMITTED_TABLE = """\
+# Mutation score per module (mutmut)
+
+## Added to the scope since (m.py)
+
+Run by `bash scripts/mutation_run.sh m` (mutmut's outcomes in mutants/), then each survivor ...
+
+| module | mutants |
+| m.py | 4 |
+
+Survivors neither killed since nor reviewed: 0.
+
+Record rows refused (a kill or a verdict ...): 0; 0 of them name no mutant of the current source.
+"""
+
+
+def test_a_module_without_outcomes_here_keeps_its_committed_section_while_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """mutmut's outcomes are not in git: in a new checkout a module added to the scope earlier
+    keeps the section its run wrote, as committed, unless its source changed since."""
+    table = _table_script(monkeypatch)
+    changed = {"m.py": ""}
+    answers = {"log": "abc1234\n", "show": COMMITTED_TABLE}
+    monkeypatch.setattr(
+        table, "git", lambda *a: answers[a[0]] if a[0] in answers else changed[a[-1]]
+    )
+    monkeypatch.setattr(table, "outcomes", lambda module: {"m.x_f__mutmut_1": "not checked"})
+    lines = table.added_modules(type("R", (), {})(), ["m.py"])
+    assert lines[1:3] == ["## Added to the scope since (m.py)", ""]
+    assert lines[3].startswith("(Kept as committed at abc1234: mutmut's outcomes are not in git")
+    assert (
+        "| m.py | 4 |" in lines and lines[-1] == "Survivors neither killed since nor reviewed: 0."
+    )
+    assert not any("Record rows refused" in line for line in lines)
+    # kept again at a later commit, the line keeps naming the first keep
+    answers["show"] = COMMITTED_TABLE.replace("\n\nRun by", "\n\n" + lines[3] + "\n\nRun by")
+    answers["log"] = "def5678\n"
+    assert table.added_modules(type("R", (), {})(), ["m.py"]) == lines
+    changed["m.py"] = "diff --git a/m.py b/m.py"
+    with pytest.raises(SystemExit, match="m.py: changed since def5678: run mutmut on it"):
+        table.added_modules(type("R", (), {})(), ["m.py"])
