@@ -17,7 +17,9 @@ Without outcomes the score cannot be recomputed: `--keep COMMIT` writes the tabl
 there (the last one written from outcomes) and below it the correction the keyed record makes to
 it: each mutant whose credit differs between the record as committed there, counted by name, and
 the record now, counted by diff, moves the score if mutmut's run left it alive, which the kept
-table's counts do not say per mutant, so the corrected score is a range.
+table's counts do not say per mutant, so the corrected score is a range. Modules added to the
+scope later get their own section: from their mutmut run's outcomes where mutants/ holds them,
+else as last committed, while their source is unchanged since.
 """
 
 from __future__ import annotations
