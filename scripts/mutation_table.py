@@ -312,7 +312,7 @@ def corrected(commit: str, status_note: str = "") -> str:
         scope(),
         *(["", status_note] if status_note else []),
         "",
-        f"Rows refused when first keyed ({REFUSED.name}, `python scripts/mutation_diffs.py check"
+        f"Rows refused since the record was keyed ({REFUSED.name}, `python scripts/mutation_diffs.py check"
         " --write`):",
         *refused_summary(),
         "",
