@@ -147,13 +147,20 @@ def share(killed: int, of: int) -> str:
     return f"{100 * killed / of:.1f}%" if of else "-"
 
 
+REFUSED_LINES = "Record rows refused"  # the list that ends a table, and a kept section
+
+
+def no_outcomes(module: str) -> SystemExit:
+    return SystemExit(f"{module}: no outcomes of its current source: run mutmut on it first")
+
+
 def refused_lines(record: Record) -> list[str]:
     """The refused rows that name a mutant of the current source (those naming none are history),
     one line each, and a count of the rest."""
     here = [r for r in record.refused if r[0] in record.now]
     lines = [
         "",
-        f"Record rows refused (a kill or a verdict whose recorded diff is not its mutant's diff"
+        f"{REFUSED_LINES} (a kill or a verdict whose recorded diff is not its mutant's diff"
         f" now, or no diff recorded): {len(record.refused)}; {len(record.refused) - len(here)} of"
         " them name no mutant of the current source.",
     ]
@@ -312,8 +319,8 @@ def corrected(commit: str, status_note: str = "") -> str:
         scope(),
         *(["", status_note] if status_note else []),
         "",
-        f"Rows refused since the record was keyed ({REFUSED.name}, `python scripts/mutation_diffs.py check"
-        " --write`):",
+        f"Rows refused since the record was keyed ({REFUSED.name},"
+        " `python scripts/mutation_diffs.py check --write`):",
         *refused_summary(),
         "",
         "| module | now (above) | credit changed | killed since, then -> now | now, corrected |",
@@ -369,7 +376,7 @@ def added_modules(record: Record, modules: list[str]) -> list[str]:
     for module in fresh:
         row, alive, changed = module_row(module, record)
         if changed:
-            raise SystemExit(f"{module}: no outcomes of its current source: run mutmut on it first")
+            raise no_outcomes(module)
         lines.append(row)
         survivors += alive
     lines += ["", f"Survivors neither killed since nor reviewed: {len(survivors)}."]
@@ -391,14 +398,14 @@ def kept_sections(modules: list[str]) -> list[tuple[list[str], list[str]]]:
     text = git("show", f"{commit}:{path}") if commit else ""
     sections = []
     for part in text.split("\n" + ADDED)[1:]:
-        body = part.split("\n\nRecord rows refused")[0].rstrip("\n").split("\n")
+        body = part.split("\n\n" + REFUSED_LINES)[0].rstrip("\n").split("\n")
         covered = body[0].removesuffix(")").split(", ")
         sections.append((covered, [ADDED + body[0], *body[1:]]))
     out: list[tuple[list[str], list[str]]] = []
     for module in modules:
         found = [(body, covered) for covered, body in sections if module in covered]
         if not found:
-            raise SystemExit(f"{module}: no outcomes of its current source: run mutmut on it first")
+            raise no_outcomes(module)
         body, covered = found[0]
         if any(covered == c for _, c in out):
             continue
