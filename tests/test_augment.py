@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from vit.data.augment import (
     mix_batch,
     normalize,
     random_crop,
+    random_erasing,
     random_hflip,
     trivial_augment,
 )
@@ -673,11 +675,15 @@ def test_train_augment_draws_on_the_device_and_for_the_size_it_is_given() -> Non
     assert torch.equal(ops_32, op_index) and not torch.equal(magnitude_32, magnitude)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"trivial": True, "erase_prob": 0.5}])
-def test_without_a_generator_a_batch_elsewhere_draws_on_its_own_device(kwargs: dict) -> None:
-    """With no generator, TrainAugment draws where the batch is (meta stands in for a GPU: its
+@pytest.mark.parametrize(
+    "augment",
+    [TrainAugment(), TrainAugment(trivial=True, erase_prob=0.5), partial(random_erasing, p=0.5)],
+    ids=["crop-flip", "trivial-erasing", "random_erasing"],
+)
+def test_without_a_generator_a_batch_elsewhere_draws_on_its_own_device(augment: Callable) -> None:
+    """With no generator, the draws are made where the batch is (meta stands in for a GPU: its
     own random state, no copy from the host): the CPU's random state is left as it was."""
     state = torch.get_rng_state()
-    out = TrainAugment(**kwargs)(_images(4).to("meta"))
+    out = augment(_images(4).to("meta"))
     assert out.device.type == "meta" and out.shape == (4, 3, 32, 32)
     assert torch.equal(torch.get_rng_state(), state)
