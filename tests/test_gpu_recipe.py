@@ -161,3 +161,93 @@ def test_slow_fit_guard_refuses_a_floor_or_wait_that_is_not_positive() -> None:
     for bad in ({"min_img_s": 0.0}, {"min_img_s": 10.0, "after_s": -1.0}):
         with pytest.raises(ValueError, match="must be positive"):
             SlowFitGuard(report="check.json", **{"min_img_s": 1.0, **bad})
+
+
+def test_each_training_and_validation_batch_marks_a_cuda_graph_step_with_no_gradient_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's part in CUDA graphs (compile_mode reduce-overhead; issue 60): a CUDA-graph tree
+    replays only when a step is marked before each forward and no output of the last step is
+    alive. The backward's outputs are the gradients: each training forward meets them gone, and
+    every forward, training or validation, comes after a mark of its own (a stand-in for
+    torch's marker records the order)."""
+    events: list[str] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
+    module = tiny_classifier()
+
+    def before_forward(model: torch.nn.Module, args: tuple) -> None:
+        alive = any(p.grad is not None for p in model.parameters())
+        events.append(f"{'train' if model.training else 'eval'}{'+grads' if alive else ''}")
+
+    module.model.register_forward_pre_hook(before_forward)
+    trainer = quiet_trainer(tmp_path, max_epochs=2, num_sanity_val_steps=0)
+    trainer.fit(module, random_loader(48), random_loader(32))  # 3 + 2 batches an epoch
+    forwards = [e for e in events if e != "mark"]
+    assert forwards == (["train"] * 3 + ["eval"] * 2) * 2  # no forward met live gradients
+    assert all(events[i - 1] == "mark" for i, e in enumerate(events) if e != "mark")
+
+
+def test_cudagraph_tree_stats_tell_a_chain_of_recordings_from_a_replayed_path() -> None:
+    """scripts/gpu/slow_fit_guard.py reads torch's CUDA-graph tree manager: stand-ins with its
+    attributes (roots and children by function, parent links). A sound loop replays forward then
+    backward from a root; the first H100 fit's fault recorded a node more below the last each step
+    (its depth grows with the steps)."""
+    from collections import defaultdict
+    from itertools import count
+
+    from scripts.gpu.slow_fit_guard import cudagraph_tree_stats
+
+    def node(parent: SimpleNamespace | None) -> SimpleNamespace:
+        made = SimpleNamespace(parent=parent, children=defaultdict(list))
+        if parent is not None:
+            parent.children["fn"].append(made)
+        return made
+
+    def manager(roots: list, current: SimpleNamespace | None) -> SimpleNamespace:
+        return SimpleNamespace(
+            roots={"fwd": roots}, current_node=current, ids_to_funcs={"fwd": 0, "bwd": 1},
+            graph_counter=count(7), num_rerecord={None: {"fwd": 2}, 3: {"bwd": 1}},
+            debug_checkpointing_counter=4,
+        )  # fmt: skip
+
+    forward = node(None)
+    backward = node(forward)  # a second root, eval's forward, with nothing below it
+    sound = cudagraph_tree_stats(manager([forward, node(None)], backward))
+    assert sound == {
+        "cudagraph_functions": 2, "cudagraphs_recorded": 7, "cudagraph_rerecords": 3,
+        "allocator_checkpoints": 4, "cudagraph_path_depth": 2, "cudagraph_tree_depth": 2,
+        "cudagraph_nodes": 3,
+    }  # fmt: skip
+    chain = [node(None)]
+    for _ in range(1999):  # deeper than Python's recursion limit: the walk must not recurse
+        chain.append(node(chain[-1]))
+    faulty = cudagraph_tree_stats(manager([chain[0]], chain[1000]))
+    assert (faulty["cudagraph_path_depth"], faulty["cudagraph_tree_depth"]) == (1001, 2000)
+    assert faulty["cudagraph_nodes"] == 2000
+    assert cudagraph_tree_stats(manager([], None))["cudagraph_path_depth"] == 0
+
+
+@pytest.mark.parametrize("setup_s", [20, 36, 90])
+def test_run_gpu8_plans_the_longest_fit_that_ends_the_call_by_its_plan(setup_s: int) -> None:
+    """run_gpu8.sh's default budget (MINUTES=auto): setup, fit, the fit's start-up and last save,
+    evaluation and files add up to the plan's end (560 s of the device's 600), in tenths of a
+    minute, at most the recipe's 8; a tenth more would pass the end."""
+    import re
+
+    env = {"PATH": "/usr/bin:/bin", "SETUP_S": str(setup_s)}
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "--plan"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    parts = re.match(
+        r"setup (\d+) s \+ fit ([\d.]+) min \((\d+) s\) \+ (\d+) s \+ evaluation (\d+) s \+ "
+        r"files (\d+) s = (\d+) s \(plan's end (\d+), call (\d+)\)",
+        out,
+    )
+    assert parts, out
+    setup, minutes, fit_s, extra, evaluation, files, total, end, call = (
+        float(g) for g in parts.groups()
+    )
+    assert (setup, end, call) == (setup_s, 560, 600)
+    assert fit_s == round(minutes * 60) and total == setup + fit_s + extra + evaluation + files
+    assert 0 < minutes <= 8.0 and total <= end
+    assert minutes == 8.0 or total + 6 > end  # the longest budget in tenths of a minute

@@ -1,16 +1,21 @@
 #!/bin/bash
-# One seed of experiments/gpu8.yaml on one GPU (issue 45): the 8-minute fit, the test split scored
-# once (vit-evaluate, fp32, no flip, best-val checkpoint), and the result files in $OUT, in about
-# 9 minutes (the fit capped at the budget + 55 s, evaluation at 40 s: under 600 s in all).
+# One seed of experiments/gpu8.yaml on one GPU (issues 45, 60): the fit, the test split scored once
+# (vit-evaluate, fp32, no flip, best-val checkpoint), and the result files in $OUT, in one device
+# call that plans to end by +END_S (560 s) of its CALL_S (600):
 #   here, once per checkout:  bash scripts/gpu/run_gpu8.sh --prepare   (wheels, data copy)
-#   on the device:            SEED=0 MINUTES=7.5 bash scripts/gpu/run_gpu8.sh  (run: timeout_s 600,
-#                             carry [".whl", ".devdata"]); PROBE_S=60 first probes the bare step
-#                             (then MINUTES=6.5 keeps the call under 600 s)
+#   on the device:            SEED=0 bash scripts/gpu/run_gpu8.sh  (run: timeout_s 600,
+#                             carry [".whl", ".devdata"])
+#   here, the plan:           SETUP_S=36 bash scripts/gpu/run_gpu8.sh --plan   (prints the timeline)
 #   here, the plumbing only:  bash scripts/gpu/run_gpu8.sh --dry-run   (CPU, tiny, ~1.5 min;
-#                             GUARD_FLOOR=1000 GUARD_AFTER_S=1 PROBE_S=6 adds the guard's path)
-# With a probe, a fit whose loop runs under GUARD_FLOOR (0.25) of the probed step stops after
-# GUARD_AFTER_S (30 s; scripts/gpu/slow_fit_guard.py), and diagnose_loop.sh's variants fill the
-# time left: their img/s land in summary.json.
+#                             GUARD_MIN_IMG_S=100000 GUARD_AFTER_S=1 takes the fallback's path)
+# MINUTES (default auto): the fit's budget; auto is what the plan leaves after the setup, at most 8.
+# The plan's other parts are the 2026-11-29 H200 call's stamps, rounded up: the fit's process
+# beyond its budget (start-up, last validation and save) FIT_EXTRA_S, the evaluation EVAL_S, the
+# plot and summary FILES_S. Hard limits keep the call under CALL_S whatever runs long: the fit is
+# killed at its budget + 55 s or where only the evaluation's 40 s and the files' are left.
+# The loop's check (scripts/gpu/slow_fit_guard.py): GUARD_AFTER_S (30) seconds after the first
+# step, a loop under GUARD_MIN_IMG_S (5,000; 0: no check) img/s stops the fit, which is not scored;
+# one fit with --model.compile_mode default (no CUDA graphs) takes the time left instead.
 # The device's python3 has torch, lightning, torchmetrics, einops, tensorboard and matplotlib, but
 # not jsonargparse (nor docstring_parser, typeshed_client): those travel as wheels in .whl/.
 # $OUT gets 8 files (the device returns at most 8): log.txt, device.txt (nvidia-smi, versions),
@@ -31,7 +36,22 @@ if [[ $MODE == --prepare ]]; then  # on the CPU machine: what the device cannot 
   cp -f ../shared/data/$ARCHIVE .devdata/ && ls -l .whl .devdata
   exit 0
 fi
-[[ $MODE == run || $MODE == --dry-run ]] || { echo "usage: $0 [--prepare|--dry-run]" >&2; exit 2; }
+CALL_S=${CALL_S:-600} END_S=${END_S:-560}
+FIT_EXTRA_S=${FIT_EXTRA_S:-35} EVAL_S=${EVAL_S:-25} FILES_S=${FILES_S:-10}
+plan_minutes() {  # $1: seconds gone; the budget that ends the plan by END_S, at most 8 minutes
+  local left=$((END_S - $1 - FIT_EXTRA_S - EVAL_S - FILES_S))
+  ((left < 60)) && { echo 0; return; }
+  python3 -c "print(min(8.0, int($left / 6) / 10))"  # tenths of a minute, rounded down
+}
+if [[ $MODE == --plan ]]; then  # the timeline, from a setup time (the 2026-11-29 H200 call: 36 s)
+  SETUP_S=${SETUP_S:-36}
+  M=$(plan_minutes "$SETUP_S")
+  FIT=$(python3 -c "print(round($M * 60))")
+  echo "setup $SETUP_S s + fit ${M} min ($FIT s) + $FIT_EXTRA_S s + evaluation $EVAL_S s + files $FILES_S s" \
+    "= $((SETUP_S + FIT + FIT_EXTRA_S + EVAL_S + FILES_S)) s (plan's end $END_S, call $CALL_S)"
+  exit 0
+fi
+[[ $MODE == run || $MODE == --dry-run ]] || { echo "usage: $0 [--prepare|--plan|--dry-run]" >&2; exit 2; }
 
 PY=${PYTHON:-python3}
 if [[ $MODE == --dry-run ]]; then
@@ -42,6 +62,7 @@ fi
 WORK=$(mktemp -d /tmp/gpu8.XXXX)  # the run folders; $OUT holds only what comes back
 if [[ $MODE == --dry-run ]]; then trap 'rm -rf "$WORK"' EXIT; fi
 export PYTHONUNBUFFERED=1
+[[ $MODE == run ]] && export TORCH_LOGS=${TORCH_LOGS-recompiles}  # a recompile mid-fit shows
 exec > >(tee -a "$OUT/log.txt") 2>&1
 T0=$(date +%s)
 stamp() { echo "=== $1 at +$(($(date +%s) - T0)) s"; }
@@ -54,12 +75,6 @@ if [[ $MODE == run ]]; then
   fi
 fi
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}  # no install: an editable one took ~20 s
-if ! $PY -c "import torch, lightning, torchmetrics, einops, safetensors, jsonargparse, \
-docstring_parser, typeshed_client, tensorboard, matplotlib, PIL"; then
-  echo "missing packages (above): run '$0 --prepare' on the CPU machine and carry .whl" >&2
-  exit 2
-fi
-
 DATA=""
 for place in "${VIT_DATA_DIR:-}" "$REPO/.devdata/$ARCHIVE" "$REPO/shared/data/$ARCHIVE" \
   "$REPO/../shared/data/$ARCHIVE"; do
@@ -75,84 +90,113 @@ if [[ -f $DATA && $(sha256sum "$DATA" | cut -d' ' -f1) != "$SHA" ]]; then
   exit 2
 fi
 
-{ nvidia-smi && nvidia-smi -L || echo "nvidia-smi: not available"; lscpu | grep -m1 "Model name"
-  $PY -c "import torch, lightning, torchmetrics as m; print('torch', torch.__version__, 'lightning', \
-lightning.__version__, 'torchmetrics', m.__version__)"; } >"$OUT/device.txt" 2>&1 || true
+# the import check and the versions in one start of python: each start imports torch (seconds)
+{ nvidia-smi && nvidia-smi -L || echo "nvidia-smi: not available"; lscpu | grep -m1 "Model name"; } \
+  >"$OUT/device.txt" 2>&1 || true
+if ! $PY -c "import torch, lightning, torchmetrics as m, einops, safetensors, jsonargparse, \
+docstring_parser, typeshed_client, tensorboard, matplotlib, PIL; print('torch', torch.__version__, \
+'lightning', lightning.__version__, 'torchmetrics', m.__version__)" >>"$OUT/device.txt"; then
+  echo "missing packages (above): run '$0 --prepare' on the CPU machine and carry .whl" >&2
+  exit 2
+fi
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 CARD=${CARD:-CPU}
 cat "$OUT/device.txt"
 
-MINUTES=${MINUTES:-8.0}  # the device call may want less: setup took ~50 s of its 600
 ARGS=(fit -c "$REPO/experiments/gpu8.yaml" --seed_everything "$SEED" --data.seed "$SEED"
-  --data.data_dir "$DATA" --trainer.callbacks.init_args.minutes "$MINUTES")
-if [[ $MODE == --dry-run ]]; then  # a CPU: no compiler run, float32, a 6-s budget, a tiny model
-  MINUTES=0.1
-  ARGS+=(--trainer.callbacks.init_args.minutes "$MINUTES" --model.torch_compile false --data.compile_augment false
+  --data.data_dir "$DATA")
+if [[ $MODE == --dry-run ]]; then  # a CPU: no compiler run, float32, a tiny model
+  ARGS+=(--model.torch_compile false --data.compile_augment false
     --trainer.precision 32-true --data.train_subset 2048 --data.val_size 500
     --data.batch_size 64 --data.num_workers 0 --trainer.log_every_n_steps 1 --model.network.depth 2
     --model.network.embed_dim 64 --model.network.num_heads 4)
 fi
-FIT_S=$($PY -c "print(int($MINUTES * 60 + 55))")
-
-PROBE_S=${PROBE_S:-0}  # seconds of bare-step probe before the fit (scripts/gpu/probe.py); 0: none
-if [[ $PROBE_S != 0 ]]; then
-  stamp "probe: $PROBE_S s of bare steps"
-  PROBE_ARGS=(--seconds "$PROBE_S" --out "$WORK/probe.json")
-  [[ $MODE == --dry-run ]] && PROBE_ARGS+=(--device cpu --batch 16 --tiny)
-  timeout -k 5 $((PROBE_S + 60)) $PY "$REPO/scripts/gpu/probe.py" "${PROBE_ARGS[@]}" || true
-fi
-
-# a loop far below the bare step (the first H100 fit: 67x) stops after 30 s, and the call's
-# time left goes to diagnose_loop.sh's variants; GUARD_FLOOR=0: no guard
-GUARD_FLOOR=${GUARD_FLOOR:-0.25}  # the share of probe.py's whole step worth finishing
-GUARD_AFTER_S=${GUARD_AFTER_S:-30}  # at 1/67 of the step, 30 s tell; two variants then fit
-MIN_IMG_S=""
-if [[ -f $WORK/probe.json && $GUARD_FLOOR != 0 ]]; then
-  MIN_IMG_S=$($PY -c "import json, sys; p = json.load(open(sys.argv[1])); \
-print(max(1, round($GUARD_FLOOR * p['+ augment + EMA']['img_s'])))" "$WORK/probe.json" || true)
-fi
-if [[ -n $MIN_IMG_S ]]; then  # after every --trainer.callbacks.init_args override of the budget
+GUARD_MIN_IMG_S=${GUARD_MIN_IMG_S:-5000}  # the first H100 fit's loop: 352; the fixed one: 21,505
+GUARD_AFTER_S=${GUARD_AFTER_S:-30}  # from the end of the first step (its recordings behind it)
+GUARD=()
+if [[ $GUARD_MIN_IMG_S != 0 ]]; then
   export PYTHONPATH=$PYTHONPATH:$REPO/scripts/gpu  # by module name: no package "scripts" to find
-  ARGS+=(--trainer.callbacks+=slow_fit_guard.SlowFitGuard
-    --trainer.callbacks.init_args.min_img_s "$MIN_IMG_S"
+  GUARD=(--trainer.callbacks+=slow_fit_guard.SlowFitGuard
+    --trainer.callbacks.init_args.min_img_s "$GUARD_MIN_IMG_S"
     --trainer.callbacks.init_args.report "$WORK/loop_check.json"
     --trainer.callbacks.init_args.after_s "$GUARD_AFTER_S")
 fi
 
-stamp "fit: $CARD, seed $SEED, budget $MINUTES min, killed after $FIT_S s\
-${MIN_IMG_S:+, stopped if its loop runs under $MIN_IMG_S img/s}"
-(while sleep 30; do cp "$WORK"/runs/gpu8/version_0/metrics.csv "$OUT/" 2>/dev/null || true; done) &
-COPIER=$!
-FIT_RC=0
-(cd "$WORK" && timeout -k 5 "$FIT_S" $PY -m vit.commands.entry "${ARGS[@]}") || FIT_RC=$?
-kill "$COPIER" 2>/dev/null || true
-RUN=$WORK/runs/gpu8/version_0
-cp "$RUN/config.yaml" "$RUN/metrics.csv" "$OUT/" || true
-stamp "fit ended, exit $FIT_RC"
+# fit NAME MINUTES CHECK [ARGS...]: one fit in $WORK/NAME, its budget MINUTES, the loop's check
+# if CHECK is 1; sets FIT_RC and RUN
+fit() {
+  local name=$1 minutes=$2 check=$3 gone kill_s
+  shift 3
+  local guard=()
+  [[ $check == 1 ]] && guard=("${GUARD[@]}")
+  gone=$(($(date +%s) - T0))
+  # the budget + 55 s, but no later than leaves the evaluation's 40 s and the files' in the call
+  kill_s=$(python3 -c "print(min(int($minutes * 60 + 55), $CALL_S - $gone - 40 - $FILES_S))")
+  stamp "fit $name: $CARD, seed $SEED, budget $minutes min, killed after $kill_s s${*:+, with $*}"
+  mkdir -p "$WORK/$name"
+  RUN=$WORK/$name/runs/gpu8/version_0
+  (while sleep 30; do cp "$RUN/metrics.csv" "$OUT/" 2>/dev/null || true; done) &
+  local copier=$!
+  FIT_RC=0
+  # the budget before the guard joins: --trainer.callbacks.init_args sets the list's last one
+  (cd "$WORK/$name" && timeout -k 5 "$kill_s" $PY -m vit.commands.entry "${ARGS[@]}" "$@" \
+    --trainer.callbacks.init_args.minutes "$minutes" "${guard[@]}") || FIT_RC=$?
+  kill "$copier" 2>/dev/null || true
+  cp "$RUN/config.yaml" "$RUN/metrics.csv" "$OUT/" || true
+  stamp "fit $name ended, exit $FIT_RC"
+}
 
-CKPT=$(ls "$RUN"/checkpoints/best-*.ckpt 2>/dev/null | tail -1 || true)
-CKPT=${CKPT:-$RUN/checkpoints/last.ckpt}
-EVAL_RC=0
-timeout -k 5 40 $PY -c "from vit.commands.entry import evaluate; evaluate()" "$CKPT" --split test --no-flip \
-  --data-dir "$DATA" --output-dir "$WORK/test" || EVAL_RC=$?
-cp "$WORK/test/metrics_test.json" "$OUT/" || true
-stamp "evaluate ($CKPT), exit $EVAL_RC"
-
-DIAG=(--attach "loop_check=$WORK/loop_check.json")  # the guard's check, if it got that far
-if grep -qs '"stopped": true' "$WORK/loop_check.json"; then  # why is the loop slow?
-  stamp "the guard stopped the fit: $(cat "$WORK/loop_check.json"); diagnose_loop.sh next"
-  DIAG_ARGS=(); [[ $MODE == --dry-run ]] && DIAG_ARGS=(--dry-run)
-  # each variant starts only if it can end by the deadline: the call's 600 s less the files' 25
-  DEADLINE=$((T0 + ${CALL_S:-590} - 25)) VARIANTS="no-cuda-graphs no-device-data no-ema-no-mix" \
-    MINUTES=${DIAG_MINUTES:-1.5} OUT=$WORK/diagnose PYTHON=$PY \
-    bash "$REPO/scripts/gpu/diagnose_loop.sh" "${DIAG_ARGS[@]}" || true
-  DIAG+=(--attach "diagnose=$WORK/diagnose/diagnose.json")
+MINUTES=${MINUTES:-auto}
+[[ $MODE == --dry-run ]] && MINUTES=0.1  # 6 s
+if [[ $MINUTES == auto ]]; then
+  MINUTES=$(plan_minutes $(($(date +%s) - T0)))
+  ((${MINUTES%.*} > 0)) || { echo "the setup left no time for a fit" >&2; exit 1; }
+fi
+stamp "plan: fit $MINUTES min + ~$FIT_EXTRA_S s, evaluation ~$EVAL_S s, files ~$FILES_S s: \
+ends near +$END_S s of $CALL_S"
+fit main "$MINUTES" 1
+STOPPED_RUN=""
+if grep -qs '"stopped": true' "$WORK/loop_check.json"; then  # a slow loop: CUDA graphs off
+  stamp "the loop check stopped the fit: $(cat "$WORK/loop_check.json")"
+  STOPPED_RUN=$RUN
+  LEFT=$(plan_minutes $(($(date +%s) - T0)))
+  [[ $MODE == --dry-run ]] && LEFT=0.1
+  if [[ $LEFT != 0 ]]; then
+    fit fallback "$LEFT" 0 --model.compile_mode default  # runs to its end: no second check
+    MINUTES=$LEFT
+  else
+    RUN=""
+    stamp "no time left for a fallback fit"
+  fi
 fi
 
-$PY "$REPO/scripts/plot_curve.py" "$RUN" --labels "gpu8.yaml, $CARD, seed $SEED" \
-  --title "gpu8.yaml: val/acc in an $MINUTES-minute fit" --out "$OUT/curve.png" || true
-$PY "$REPO/scripts/gpu/summary.py" "$RUN" --test "$OUT/metrics_test.json" --card "$CARD" \
-  --fit-exit "$FIT_RC" --probe "$WORK/probe.json" "${DIAG[@]}" --out "$OUT/summary.json" || true
+EVAL_RC=0
+CKPT=""
+if [[ -n $RUN ]]; then  # a fit the check stopped is not scored
+  CKPT=$(ls "$RUN"/checkpoints/best-*.ckpt 2>/dev/null | tail -1 || true)
+  CKPT=${CKPT:-$RUN/checkpoints/last.ckpt}
+  timeout -k 5 40 $PY -c "from vit.commands.entry import evaluate; evaluate()" "$CKPT" --split test \
+    --no-flip --data-dir "$DATA" --output-dir "$WORK/test" || EVAL_RC=$?
+  cp "$WORK/test/metrics_test.json" "$OUT/" || true
+  stamp "evaluate ($CKPT), exit $EVAL_RC"
+fi
+
+ATTACH=(--attach "loop_check=$WORK/loop_check.json")  # the check, if it got that far
+if [[ -n $STOPPED_RUN ]]; then
+  $PY "$REPO/scripts/gpu/summary.py" "$STOPPED_RUN" --card "$CARD" --out "$WORK/stopped.json" \
+    >/dev/null || true
+  ATTACH+=(--attach "stopped_fit=$WORK/stopped.json")
+fi
+if [[ -n $RUN ]]; then
+  LABEL="gpu8.yaml, $CARD, seed $SEED${STOPPED_RUN:+, compile_mode default}"
+  $PY "$REPO/scripts/plot_curve.py" "$RUN" --labels "$LABEL" \
+    --title "gpu8.yaml: val/acc in an $MINUTES-minute fit" --out "$OUT/curve.png" || true
+  $PY "$REPO/scripts/gpu/summary.py" "$RUN" --test "$OUT/metrics_test.json" --card "$CARD" \
+    --fit-exit "$FIT_RC" "${ATTACH[@]}" --out "$OUT/summary.json" || true
+else
+  $PY "$REPO/scripts/gpu/summary.py" "$STOPPED_RUN" --card "$CARD" --fit-exit "$FIT_RC" \
+    "${ATTACH[@]}" --out "$OUT/summary.json" || true
+fi
 stamp end
 ls -l "$OUT"
-[[ $FIT_RC == 0 && $EVAL_RC == 0 ]]
+[[ -z $STOPPED_RUN && $FIT_RC == 0 && $EVAL_RC == 0 ]]

@@ -1,7 +1,7 @@
-"""SlowFitGuard: stop a fit early when its loop runs far below the bare step, so that a scarce
-GPU call spends its remaining minutes finding out why (scripts/gpu/run_gpu8.sh runs
-scripts/gpu/diagnose_loop.sh's variants then) instead of finishing a fit that cannot reach its
-target. Added on the command line after the recipe's callbacks:
+"""SlowFitGuard: stop a fit early when its loop runs far below what the step can do, so that a
+scarce GPU call spends its remaining minutes on a fit that can reach its target
+(scripts/gpu/run_gpu8.sh then runs one without CUDA graphs) instead of finishing one that cannot.
+Added on the command line after the recipe's callbacks:
 
     PYTHONPATH=scripts/gpu vit-train fit -c experiments/gpu8.yaml ... \
         --trainer.callbacks+=slow_fit_guard.SlowFitGuard \
@@ -39,15 +39,41 @@ def compile_stats() -> dict[str, Any]:
 
         manager = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
         if manager is not None:
-            stats |= {
-                "cudagraph_functions": len(manager.ids_to_funcs),
-                "cudagraphs_recorded": int(repr(manager.graph_counter)[6:-1]),  # count(N)
-                "cudagraph_rerecords": sum(sum(f.values()) for f in manager.num_rerecord.values()),
-                "allocator_checkpoints": manager.debug_checkpointing_counter,
-            }
+            stats |= cudagraph_tree_stats(manager)
     except Exception as err:  # noqa: BLE001  (internals move between torch versions)
         stats["cudagraph_trees_error"] = repr(err)
     return stats
+
+
+def cudagraph_tree_stats(manager: Any) -> dict[str, int]:
+    """A CUDA-graph tree manager's (torch/_inductor/cudagraph_trees.py) counts. The depths tell
+    the first H100 fit's fault apart from a sound loop: there every step recorded one node more
+    below the last (a path as deep as the steps), where a loop that starts a generation per step
+    replays a path of a few nodes (forward, backward) from a root.
+
+    - cudagraph_path_depth: nodes from the root to the current node (0: none current)
+    - cudagraph_tree_depth: the deepest path recorded so far, over all roots
+    - cudagraph_nodes: the recorded nodes in the tree (warm-up runs are not recorded)"""
+    depth, node = 0, manager.current_node
+    while node is not None:
+        depth, node = depth + 1, node.parent
+    deepest, nodes = 0, 0
+    stack = [(root, 1) for roots in manager.roots.values() for root in roots]
+    while stack:  # iterative: a faulty tree can be thousands of nodes deep
+        node, level = stack.pop()
+        deepest, nodes = max(deepest, level), nodes + 1
+        stack.extend(
+            (child, level + 1) for kids in getattr(node, "children", {}).values() for child in kids
+        )
+    return {
+        "cudagraph_functions": len(manager.ids_to_funcs),
+        "cudagraphs_recorded": int(repr(manager.graph_counter)[6:-1]),  # count(N)
+        "cudagraph_rerecords": sum(sum(f.values()) for f in manager.num_rerecord.values()),
+        "allocator_checkpoints": manager.debug_checkpointing_counter,
+        "cudagraph_path_depth": depth,
+        "cudagraph_tree_depth": deepest,
+        "cudagraph_nodes": nodes,
+    }
 
 
 class SlowFitGuard(L.Callback):

@@ -232,6 +232,16 @@ class ViTClassifier(FitControls, L.LightningModule):
         # gradients) can make the graph trees record again instead of replaying
         torch.compiler.cudagraph_mark_step_begin()
 
+    def on_validation_batch_start(
+        self, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        # each evaluation batch a generation too: the last batch's logits may still be held
+        # (metrics, callbacks) when the next forward replays into the same memory
+        torch.compiler.cudagraph_mark_step_begin()
+
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        torch.compiler.cudagraph_mark_step_begin()  # as validation
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # the gradients go now, not after the next forward (Lightning zeroes them before each
         # backward): under CUDA graphs they are the graph's outputs (callbacks' hooks ran first)
