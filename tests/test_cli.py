@@ -131,6 +131,93 @@ def test_bf16_falls_back_to_float32_on_a_cpu_without_native_bf16(
         assert "--bf16_fallback false" in caplog.text  # says how to keep bf16
 
 
+OVERRIDE = "--float32_overrides={model: {network: {drop_path_rate: 0.0}}}"
+
+
+def _drop_probs(module: ViTClassifier) -> set[float]:
+    return {m.drop_prob for m in module.model.modules() if hasattr(m, "drop_prob")}
+
+
+@pytest.mark.parametrize(
+    ("fast_bf16", "extra", "float32"),
+    [
+        (False, [], True),  # the bf16 fallback trains in float32: the overrides apply
+        (True, [], False),  # native bf16: the config as written
+        (True, ["--trainer.precision=32-true"], True),  # float32 asked for, on any CPU
+        (False, ["--bf16_fallback=false"], False),  # bf16 kept by the user
+    ],
+)
+def test_float32_overrides_apply_only_where_a_cpu_fit_trains_in_float32(
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fast_bf16: bool,
+    extra: list[str],
+    float32: bool,
+) -> None:
+    monkeypatch.setattr("vit.system.hardware.cpu_has_fast_bf16", lambda: fast_bf16)
+    args = train_args(
+        image_tree, tmp_path / "runs", "--trainer.precision=bf16-mixed",
+        "--model.network.drop_path_rate=0.1", OVERRIDE, *extra,
+    )  # fmt: skip
+    cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
+    rate = 0.0 if float32 else 0.1
+    assert cli.config.model.network.drop_path_rate == rate  # what config.yaml will record
+    assert max(_drop_probs(cli.model)) == pytest.approx(rate)  # the blocks, as built (float32)
+    assert (
+        "float32_overrides applied (model.network.drop_path_rate=0.0)" in caplog.text
+    ) == float32
+
+
+def test_float32_overrides_from_a_config_file_reach_the_saved_config(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As experiments/cpu60.yaml writes them: a nested mapping in the YAML; the run's config.yaml
+    records the options it trained with."""
+    monkeypatch.setattr("vit.system.hardware.cpu_has_fast_bf16", lambda: False)
+    config = tmp_path / "f32.yaml"
+    config.write_text(
+        "trainer: {precision: bf16-mixed}\n"
+        "model: {network: {drop_path_rate: 0.1}}\n"
+        "float32_overrides:\n  model:\n    network: {drop_path_rate: 0.0}\n"
+        "    label_smoothing: 0.05\n"
+    )
+    runs = tmp_path / "runs"
+    args = train_args(image_tree, runs, "-c", str(config), "--trainer.max_epochs=1")
+    train_main(args)
+    saved = yaml.safe_load((runs / "tiny" / "version_0" / "config.yaml").read_text())
+    assert saved["model"]["network"]["drop_path_rate"] == 0.0
+    assert saved["model"]["label_smoothing"] == 0.05
+    assert saved["trainer"]["precision"] == "32-true"
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        (
+            "{model: {network: {drop_rate_typo: 0.0}}}",
+            "model.network.drop_rate_typo is not an option",
+        ),
+        ("{model: {network: {drop_path_rate: high}}}", "drop_path_rate"),
+    ],
+)
+def test_float32_overrides_refuse_an_unknown_option_or_a_wrong_value(
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys,
+    override: str,
+    says: str,
+) -> None:
+    monkeypatch.setattr("vit.system.hardware.cpu_has_fast_bf16", lambda: False)
+    args = train_args(image_tree, tmp_path / "runs", f"--float32_overrides={override}")
+    with pytest.raises((ValueError, SystemExit)) as err:
+        ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
+    assert says in str(err.value) + capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
 @pytest.mark.parametrize(
     ("status", "warned"),
     [

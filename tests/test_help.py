@@ -8,7 +8,7 @@ import pytest
 
 from vit.commands.train import train_main
 
-OURS = ("--model.", "--data.", "--test_after_fit", "--bf16_fallback")
+OURS = ("--model.", "--data.", "--test_after_fit", "--bf16_fallback", "--float32_overrides")
 CALLBACKS = (
     "TimeBudget",
     "ResolutionSchedule",

@@ -20,7 +20,7 @@ from vit.io.checkpoint import load_checkpoint
 from vit.io.init_from import check_init_source
 from vit.io.migrate import LEGACY_CLASS_PATHS
 from vit.system import mkl_amd
-from vit.system.hardware import cpu_precision
+from vit.system.hardware import cpu_precision, runs_on_cpu
 from vit.train.callbacks.checkpointing import FiniteLoss, SaveOnSigterm
 from vit.train.datamodule import CIFAR10DataModule
 from vit.train.module import ViTClassifier
@@ -57,6 +57,14 @@ class ViTCLI(LightningCLI):
             "where bf16 precisions train many times slower than float32 (experiments/record/benchmarks/"
             "fp32.md), use 32-true instead (with a "
             "warning); false keeps the bf16 precision asked for",
+        )
+        parser.add_argument(
+            "--float32_overrides",
+            type=dict[str, Any],
+            default={},
+            help="options that replace the config's where a fit on a CPU trains in float32 (the "
+            "bf16 fallback, or 32-true asked for): fewer steps fit in a time budget there; nested "
+            "as in the config, e.g. {model: {network: {drop_path_rate: 0.0}}}",
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -97,17 +105,61 @@ class ViTCLI(LightningCLI):
                     "Python objects, re-save it as vit.io.checkpoint.load_checkpoint's error says."
                 )
             config.weights_only = True  # None: remote paths would load with pickle's full power
-        share_logger_version(config.trainer.logger)
-        check_writable(config.trainer.logger)
         if config.bf16_fallback:
             config.trainer.precision = cpu_precision(
                 config.trainer.precision, config.trainer.accelerator
             )
+        if config.get("float32_overrides"):
+            # checked on every machine, before any folder is made: a typo fails where it is made
+            merged = self._merged(config.float32_overrides, "float32_overrides")
+            if trains_float32_on_cpu(config.trainer):
+                self.config = merged
+                config = self.config[self.subcommand] if self.subcommand else self.config
+                applied = ", ".join(
+                    f"{k}={v}" for k, v in _dotted(config.float32_overrides).items()
+                )
+                rank_zero_info(
+                    f"training in float32 on a CPU: float32_overrides applied ({applied})"
+                )
+        share_logger_version(config.trainer.logger)
+        check_writable(config.trainer.logger)
         mkl_amd.report(info=rank_zero_info)  # what vit-train's switch did (vit/commands/entry.py)
+
+    def _merged(self, overrides: dict[str, Any], name: str) -> Any:
+        """The parsed config with a nested mapping of options merged in, each checked by the
+        parser as if given on the command line; a name the config does not have fails clearly."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        unknown = [key for key in _dotted(overrides) if key not in config]
+        if unknown:
+            raise ValueError(
+                f"{name}: {', '.join(unknown)} is not an option of vit-train "
+                f"{self.subcommand or 'fit'}; give options nested as in the config, e.g. "
+                "{model: {network: {drop_path_rate: 0.0}}} (`vit-train fit --help` lists them)."
+            )
+        wrapped = {self.subcommand: overrides} if self.subcommand else overrides
+        return self.parser.parse_object(wrapped, self.config.clone())
 
     def after_fit(self) -> None:
         if self.config.fit.test_after_fit and not self.trainer.fast_dev_run:
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
+
+
+def trains_float32_on_cpu(trainer: Any) -> bool:
+    """Whether the trainer's config trains in 32-bit precision on a CPU (as resolved: after the
+    bf16 fallback)."""
+    # None: Lightning's default, 32-true
+    return runs_on_cpu(trainer.accelerator) and trainer.precision in (None, 32, "32", "32-true")
+
+
+def _dotted(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{a: {b: 1}} -> {"a.b": 1}: the options a nested mapping sets."""
+    flat: dict[str, Any] = {}
+    for key, value in nested.items():
+        if isinstance(value, dict) and value:
+            flat |= _dotted(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _logger_list(loggers: Any) -> list[Any]:

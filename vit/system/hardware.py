@@ -66,14 +66,18 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_precision(precision: Any, accelerator: Any) -> Any:
-    """The precision to train with: a bf16 one becomes 32-true on a CPU without native bf16."""
-    on_cpu = accelerator == "cpu" or (
+def runs_on_cpu(accelerator: Any) -> bool:
+    """Whether a Trainer's `accelerator` setting trains on the CPU ("auto": no CUDA, no MPS)."""
+    return accelerator == "cpu" or (
         accelerator == "auto"
         and not torch.cuda.is_available()
         and not torch.backends.mps.is_available()
     )
-    if not (on_cpu and str(precision).startswith("bf16")) or cpu_has_fast_bf16():
+
+
+def cpu_precision(precision: Any, accelerator: Any) -> Any:
+    """The precision to train with: a bf16 one becomes 32-true on a CPU without native bf16."""
+    if not (runs_on_cpu(accelerator) and str(precision).startswith("bf16")) or cpu_has_fast_bf16():
         return precision
     log.warning(
         "trainer.precision=%s: this CPU has no native bfloat16 matrix products (no AVX512-BF16 "
