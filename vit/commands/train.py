@@ -64,7 +64,8 @@ class ViTCLI(LightningCLI):
             default={},
             help="options that replace the config's where a fit on a CPU trains in float32 (the "
             "bf16 fallback, or 32-true asked for): fewer steps fit in a time budget there; nested "
-            "as in the config, e.g. {model: {network: {drop_path_rate: 0.0}}}",
+            "as in the config, e.g. {model: {network: {drop_path_rate: 0.0}}}; they win over "
+            "the same options given elsewhere ({} turns them off)",
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
