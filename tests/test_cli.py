@@ -104,6 +104,15 @@ def test_train_checkpoint_evaluate_end_to_end(
     assert last.is_file()
 
 
+def _cli_on(
+    monkeypatch: pytest.MonkeyPatch, fast_bf16: bool, image_tree: Path, tmp_path: Path, *extra: str
+) -> ViTCLI:
+    """vit-train's CLI, parsed and built without running, on a CPU with or without native bf16."""
+    monkeypatch.setattr("vit.system.hardware.cpu_has_fast_bf16", lambda: fast_bf16)
+    args = train_args(image_tree, tmp_path / "runs", *extra)
+    return ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
+
+
 @pytest.mark.parametrize(
     ("fast_bf16", "extra", "expected"),
     [
@@ -121,9 +130,9 @@ def test_bf16_falls_back_to_float32_on_a_cpu_without_native_bf16(
     extra: list[str],
     expected: str,
 ) -> None:
-    monkeypatch.setattr("vit.system.hardware.cpu_has_fast_bf16", lambda: fast_bf16)
-    args = train_args(image_tree, tmp_path / "runs", "--trainer.precision=bf16-mixed", *extra)
-    cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
+    cli = _cli_on(
+        monkeypatch, fast_bf16, image_tree, tmp_path, "--trainer.precision=bf16-mixed", *extra
+    )
     assert cli.trainer.precision == expected
     warned = "no native bfloat16" in caplog.text
     assert warned == (expected == "32-true")
@@ -156,12 +165,10 @@ def test_float32_overrides_apply_only_where_a_cpu_fit_trains_in_float32(
     extra: list[str],
     float32: bool,
 ) -> None:
-    monkeypatch.setattr("vit.system.hardware.cpu_has_fast_bf16", lambda: fast_bf16)
-    args = train_args(
-        image_tree, tmp_path / "runs", "--trainer.precision=bf16-mixed",
+    cli = _cli_on(
+        monkeypatch, fast_bf16, image_tree, tmp_path, "--trainer.precision=bf16-mixed",
         "--model.network.drop_path_rate=0.1", OVERRIDE, *extra,
     )  # fmt: skip
-    cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
     rate = 0.0 if float32 else 0.1
     assert cli.config.model.network.drop_path_rate == rate  # what config.yaml will record
     assert max(_drop_probs(cli.model)) == pytest.approx(rate)  # the blocks, as built (float32)

@@ -239,8 +239,7 @@ class ViTClassifier(FitControls, L.LightningModule):
         # (metrics, callbacks) when the next forward replays into the same memory
         torch.compiler.cudagraph_mark_step_begin()
 
-    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        torch.compiler.cudagraph_mark_step_begin()  # as validation
+    on_test_batch_start = on_validation_batch_start  # the same reason
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # the gradients go now, not after the next forward (Lightning zeroes them before each
