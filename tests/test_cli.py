@@ -177,6 +177,33 @@ def test_float32_overrides_apply_only_where_a_cpu_fit_trains_in_float32(
     ) == float32
 
 
+@pytest.mark.parametrize("compiler", [True, False])
+def test_a_float32_override_s_compile_is_left_out_where_no_cpp_compiler_builds_it(
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    compiler: bool,
+) -> None:
+    """cpu60.yaml's overrides compile the network where the CPU trains in float32; on a machine
+    without a C++ compiler the fit trains eager, saying why, instead of failing at its start."""
+    if compiler:
+        monkeypatch.setattr("vit.commands.train.check_cpp_compiler", lambda: None)
+    else:
+        monkeypatch.setenv("CXX", "no-such-c++-compiler")
+    override = "--float32_overrides={model: {network: {drop_path_rate: 0.0}, torch_compile: true}}"
+    cli = _cli_on(
+        monkeypatch, False, image_tree, tmp_path, "--trainer.precision=bf16-mixed", override
+    )
+    assert cli.config.model.torch_compile is compiler
+    assert cli.config.model.network.drop_path_rate == 0.0  # the other override still applies
+    left_out = "model.torch_compile left out" in caplog.text
+    assert left_out is not compiler
+    if left_out:
+        assert "no-such-c++-compiler" in caplog.text and "install one" in caplog.text
+        assert cli.config.float32_overrides == {"model": {"network": {"drop_path_rate": 0.0}}}
+
+
 def test_float32_overrides_from_a_config_file_reach_the_saved_config(
     image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

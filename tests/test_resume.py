@@ -74,6 +74,9 @@ def recipe_config(
         data_dir=str(data), cache_dir=str(tmp_path / "cache"), batch_size=8, val_size=6, seed=0
     )
     config["test_after_fit"] = False
+    # eager: the resume's bitwise guarantees are the loop's; the compiled network is
+    # tests/test_warmup.py's, and its compile would add a minute to every process here
+    config.get("float32_overrides", {}).get("model", {}).pop("torch_compile", None)
     path = tmp_path / f"recipe-{runs.name}-{kill}-{term}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

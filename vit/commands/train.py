@@ -3,6 +3,7 @@ shared by the loggers, `--ckpt_path last`, and `--test_after_fit`."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import logging
 import os
@@ -20,7 +21,7 @@ from vit.io.checkpoint import load_checkpoint
 from vit.io.init_from import check_init_source
 from vit.io.migrate import LEGACY_CLASS_PATHS
 from vit.system import mkl_amd
-from vit.system.hardware import cpu_precision, runs_on_cpu
+from vit.system.hardware import check_cpp_compiler, cpu_precision, runs_on_cpu
 from vit.train.callbacks.checkpointing import FiniteLoss, SaveOnSigterm
 from vit.train.datamodule import CIFAR10DataModule
 from vit.train.module import ViTClassifier
@@ -114,6 +115,10 @@ class ViTCLI(LightningCLI):
             # checked on every machine, before any folder is made: a typo fails where it is made
             merged = self._merged(config.float32_overrides, "float32_overrides")
             if trains_float32_on_cpu(config.trainer):
+                kept = compile_if_possible(config.float32_overrides)
+                if kept != config.float32_overrides:
+                    config.float32_overrides = kept
+                    merged = self._merged(kept, "float32_overrides")
                 self.config = merged
                 config = self.config[self.subcommand] if self.subcommand else self.config
                 applied = ", ".join(
@@ -150,6 +155,24 @@ def trains_float32_on_cpu(trainer: Any) -> bool:
     bf16 fallback)."""
     # None: Lightning's default, 32-true
     return runs_on_cpu(trainer.accelerator) and trainer.precision in (None, 32, "32", "32-true")
+
+
+def compile_if_possible(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides less `model.torch_compile` where no C++ compiler can build inductor's CPU
+    code: the compile is the recipe's choice, not the user's, so the fit trains eager (with a
+    warning saying how to get the compile back) instead of failing at its start."""
+    if not _dotted(overrides).get("model.torch_compile"):
+        return overrides
+    try:
+        check_cpp_compiler()
+    except RuntimeError as err:
+        log.warning(
+            "float32_overrides: model.torch_compile left out, the fit trains eager: %s", err
+        )
+        kept = copy.deepcopy(overrides)
+        del kept["model"]["torch_compile"]
+        return {k: v for k, v in kept.items() if v != {}}
+    return overrides
 
 
 def _dotted(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
