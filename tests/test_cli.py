@@ -244,10 +244,8 @@ def test_float32_overrides_refuse_an_unknown_option_or_a_wrong_value(
     override: str,
     says: str,
 ) -> None:
-    monkeypatch.setattr("vit.system.hardware.cpu_has_fast_bf16", lambda: False)
-    args = train_args(image_tree, tmp_path / "runs", f"--float32_overrides={override}")
     with pytest.raises((ValueError, SystemExit)) as err:
-        ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
+        _cli_on(monkeypatch, False, image_tree, tmp_path, f"--float32_overrides={override}")
     assert says in str(err.value) + capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # refused before anything was written
 

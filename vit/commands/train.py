@@ -112,13 +112,12 @@ class ViTCLI(LightningCLI):
                 config.trainer.precision, config.trainer.accelerator
             )
         if config.get("float32_overrides"):
+            float32 = trains_float32_on_cpu(config.trainer)
+            if float32:
+                config.float32_overrides = compile_if_possible(config.float32_overrides)
             # checked on every machine, before any folder is made: a typo fails where it is made
             merged = self._merged(config.float32_overrides, "float32_overrides")
-            if trains_float32_on_cpu(config.trainer):
-                kept = compile_if_possible(config.float32_overrides)
-                if kept != config.float32_overrides:
-                    config.float32_overrides = kept
-                    merged = self._merged(kept, "float32_overrides")
+            if float32:
                 self.config = merged
                 config = self.config[self.subcommand] if self.subcommand else self.config
                 applied = ", ".join(
