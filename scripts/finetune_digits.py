@@ -161,8 +161,8 @@ def readme(record: dict) -> str:
   (ten digits are other classes than CIFAR-10's ten), and the learned positions resized from
   the 8x8 patch grid to {side // 4}x{side // 4}.
 - Score: each best-validation checkpoint on the test split, by vit-evaluate in float32.
-- Machine: {record["cpu"]}, 2 cores, {first["precision"]}, shared with other work: the minutes
-  vary with the load, the figures depend on the steps only.
+- Machine: {record["cpu"]}, 2 cores, {first["precision"]}: the minutes vary with the machine
+  and its load, the figures depend on the steps only.
 
 Command (from the repository root, after `pip install -e ".[finetune]"`):
 
