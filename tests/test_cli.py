@@ -188,7 +188,7 @@ def test_a_float32_override_s_compile_is_left_out_where_no_cpp_compiler_builds_i
     """cpu60.yaml's overrides compile the network where the CPU trains in float32; on a machine
     without a C++ compiler the fit trains eager, saying why, instead of failing at its start."""
     if compiler:
-        monkeypatch.setattr("vit.commands.train.check_cpp_compiler", lambda: None)
+        monkeypatch.setattr("vit.commands.float32_overrides.check_cpp_compiler", lambda: None)
     else:
         monkeypatch.setenv("CXX", "no-such-c++-compiler")
     override = "--float32_overrides={model: {network: {drop_path_rate: 0.0}, torch_compile: true}}"

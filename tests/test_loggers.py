@@ -1,6 +1,6 @@
 """Trackers added with `--trainer.logger+=`: W&B (offline) and MLflow (a local SQLite store) record
 a tiny fit next to the config's CSV logger, each fit in a run of its own; only the CSV and
-TensorBoard loggers share the version_N run folder (vit.commands.train)."""
+TensorBoard loggers share the version_N run folder (vit.commands.run_folders)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,8 @@ import pytest
 from jsonargparse import Namespace
 
 from tests.helpers import REPO, train_args
-from vit.commands.train import (
-    ViTCLI,
-    check_writable,
-    resume_latest_run,
-    share_logger_version,
-    train_main,
-)
+from vit.commands.run_folders import check_writable, resume_latest_run, share_logger_version
+from vit.commands.train import ViTCLI, train_main
 from vit.train.datamodule import CIFAR10DataModule
 from vit.train.module import ViTClassifier
 

@@ -3,10 +3,8 @@ shared by the loggers, `--ckpt_path last`, and `--test_after_fit`."""
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import logging
-import os
 import sys
 import types
 from pathlib import Path
@@ -14,14 +12,15 @@ from typing import Any
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from vit.commands.float32_overrides import compile_if_possible, dotted, trains_float32_on_cpu
+from vit.commands.run_folders import check_writable, resume_latest_run, share_logger_version
 from vit.io.checkpoint import load_checkpoint
 from vit.io.init_from import check_init_source
 from vit.io.migrate import LEGACY_CLASS_PATHS
 from vit.system import mkl_amd
-from vit.system.hardware import check_cpp_compiler, cpu_precision, runs_on_cpu
+from vit.system.hardware import cpu_precision
 from vit.train.callbacks.checkpointing import FiniteLoss, SaveOnSigterm
 from vit.train.datamodule import CIFAR10DataModule
 from vit.train.module import ViTClassifier
@@ -120,9 +119,7 @@ class ViTCLI(LightningCLI):
             if float32:
                 self.config = merged
                 config = self.config[self.subcommand] if self.subcommand else self.config
-                applied = ", ".join(
-                    f"{k}={v}" for k, v in _dotted(config.float32_overrides).items()
-                )
+                applied = ", ".join(f"{k}={v}" for k, v in dotted(config.float32_overrides).items())
                 rank_zero_info(
                     f"training in float32 on a CPU: float32_overrides applied ({applied})"
                 )
@@ -134,7 +131,7 @@ class ViTCLI(LightningCLI):
         """The parsed config with a nested mapping of options merged in, each checked by the
         parser as if given on the command line; a name the config does not have fails clearly."""
         config = self.config[self.subcommand] if self.subcommand else self.config
-        unknown = [key for key in _dotted(overrides) if key not in config]
+        unknown = [key for key in dotted(overrides) if key not in config]
         if unknown:
             raise ValueError(
                 f"{name}: {', '.join(unknown)} is not an option of vit-train "
@@ -147,146 +144,6 @@ class ViTCLI(LightningCLI):
     def after_fit(self) -> None:
         if self.config.fit.test_after_fit and not self.trainer.fast_dev_run:
             self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
-
-
-def trains_float32_on_cpu(trainer: Any) -> bool:
-    """Whether the trainer's config trains in 32-bit precision on a CPU (as resolved: after the
-    bf16 fallback)."""
-    # None: Lightning's default, 32-true
-    return runs_on_cpu(trainer.accelerator) and trainer.precision in (None, 32, "32", "32-true")
-
-
-def compile_if_possible(overrides: dict[str, Any]) -> dict[str, Any]:
-    """The overrides less `model.torch_compile` where no C++ compiler can build inductor's CPU
-    code: the compile is the recipe's choice, not the user's, so the fit trains eager (with a
-    warning saying how to get the compile back) instead of failing at its start."""
-    if not _dotted(overrides).get("model.torch_compile"):
-        return overrides
-    try:
-        check_cpp_compiler()
-    except RuntimeError as err:
-        log.warning(
-            "float32_overrides: model.torch_compile left out, the fit trains eager: %s", err
-        )
-        kept = copy.deepcopy(overrides)
-        del kept["model"]["torch_compile"]
-        return {k: v for k, v in kept.items() if v != {}}
-    return overrides
-
-
-def _dotted(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{a: {b: 1}} -> {"a.b": 1}: the options a nested mapping sets."""
-    flat: dict[str, Any] = {}
-    for key, value in nested.items():
-        if isinstance(value, dict) and value:
-            flat |= _dotted(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _logger_list(loggers: Any) -> list[Any]:
-    """trainer.logger as a list of class_path/init_args Namespaces (one logger, or none)."""
-    items = loggers if isinstance(loggers, list) else [loggers]
-    return [lg for lg in items if getattr(lg, "init_args", None) is not None]
-
-
-def _writes_versions(logger: Any) -> bool:
-    """Whether a configured logger writes save_dir/name/version_N folders: Lightning's CSVLogger
-    and TensorBoardLogger, by any class_path (jsonargparse keeps a full module path such as
-    lightning.pytorch.loggers.csv_logs.CSVLogger as given) or a subclass. Other loggers keep their
-    own run ids: WandbLogger reads `version` as the W&B run id and MLFlowLogger has none."""
-    module, _, name = str(getattr(logger, "class_path", "")).rpartition(".")
-    try:  # already imported: jsonargparse resolved it while parsing
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return False
-    return isinstance(cls, type) and issubclass(cls, (CSVLogger, TensorBoardLogger))
-
-
-def _versioned_args(loggers: Any) -> list[Any]:
-    """init_args of the configured CSV and TensorBoard loggers: those that share a version."""
-    return [
-        lg.init_args
-        for lg in _logger_list(loggers)
-        if _writes_versions(lg) and lg.init_args.get("save_dir") is not None
-    ]
-
-
-def _run_folder(logger_args: Any) -> Path:
-    """save_dir/name of one logger: where its version_N folders go."""
-    return Path(logger_args.save_dir) / (logger_args.get("name") or "")
-
-
-def resume_latest_run(loggers: Any) -> str:
-    """`--ckpt_path last`: the newest save_dir/name/version_N/checkpoints/last.ckpt of the CSV or
-    TensorBoard logger; those loggers are pointed at that same version, so the resumed run keeps
-    writing into its own folder (a tracker such as W&B or MLflow starts a run of its own)."""
-    args = _versioned_args(loggers)
-    if not args:
-        listed = [str(lg.class_path).rpartition(".")[2] for lg in _logger_list(loggers)]
-        raise ValueError(
-            "--ckpt_path last finds the run to resume through a CSVLogger or TensorBoardLogger "
-            f"with save_dir and name, but trainer.logger lists {listed or 'none'}; add one (as "
-            "experiments/*.yaml do) or pass the path of a checkpoint to --ckpt_path."
-        )
-    folder = _run_folder(args[0])
-    found = sorted(folder.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise ValueError(
-            f"--ckpt_path last: no {folder}/version_*/checkpoints/last.ckpt to resume from; start "
-            f"a fresh run without --ckpt_path, or pass the path of a checkpoint."
-        )
-    last = found[-1]
-    for a in args:
-        a.version = last.parent.parent.name
-    log.info("resuming %s", last)
-    return str(last)
-
-
-def _local_folders(loggers: Any) -> list[Path]:
-    """The folders the configured loggers write: save_dir/name of CSV and TensorBoard, save_dir of
-    the others (W&B's `name` is a run name, not a folder), none for a logger given a tracking_uri
-    (MLflow then writes there; its default save_dir ./mlruns goes unused)."""
-    folders = [_run_folder(a) for a in _versioned_args(loggers)]
-    for lg in _logger_list(loggers):
-        a = lg.init_args
-        if not _writes_versions(lg) and a.get("save_dir") and not a.get("tracking_uri"):
-            folders.append(Path(a.save_dir))
-    return folders
-
-
-def check_writable(loggers: Any) -> None:
-    """Fail before training, not at the first checkpoint, when the run folder cannot be written."""
-    for folder in _local_folders(loggers):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            probe = folder / f".write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as err:
-            raise ValueError(
-                f"cannot write the run folder {str(folder)!r} ({err.strerror or err}); set "
-                f"trainer.logger save_dir to a writable folder with free space."
-            ) from None
-
-
-def share_logger_version(loggers: Any) -> None:
-    """Give the CSV and TensorBoard loggers that share save_dir/name one version, so their logs and
-    the checkpoints of a run land in one folder: save_dir/name/version_N. Other loggers (W&B,
-    MLflow, ...) are left as configured: each run gets its own id there."""
-    args = [a for a in _versioned_args(loggers) if a.get("version") is None]
-    if len(args) < 2:
-        return
-    taken = set()
-    for a in args:
-        folder = _run_folder(a)
-        taken |= {p.name for p in folder.glob("version_*")} if folder.is_dir() else set()
-    n = 0
-    while f"version_{n}" in taken:
-        n += 1
-    for a in args:
-        a.version = f"version_{n}"
 
 
 class _MovedModule(types.ModuleType):
