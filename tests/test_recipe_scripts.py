@@ -127,6 +127,15 @@ def test_report_says_whether_ours_reached_the_peer(ours: float, verdict: str) ->
     assert "the peer at 4.0 min had 13.00%" in text  # its curve's point at our budget
 
 
+def test_report_takes_the_peer_s_score_at_our_budget_from_the_step_past_its_mark() -> None:
+    result = _result(0.60, 0.65)
+    for point in result["peer"]["curve"]:
+        point["minutes"] += 0.02  # scored at the first step past each 2-minute mark
+    assert "the peer at 4.0 min had 13.00%" in peer.markdown(result)
+    result["peer"]["curve"] = [p for p in result["peer"]["curve"] if p["minutes"] > 10]
+    assert "the peer at" not in peer.markdown(result)  # no score near our budget: none given
+
+
 @pytest.mark.parametrize("flag", ["--minutes", "--ours-minutes", "--eval-every"])
 def test_non_positive_minutes_are_refused(flag: str, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
