@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from tests.helpers import (
-    REPO,
+    RESULTS,
     TINY,
     TINY_DATA_CLASSES,
     load_script,
@@ -167,7 +167,7 @@ def test_vit_train_checks_the_source_before_reading_data(
         train_main(train_args(absent, tmp_path / "runs", f"--model.init_from={init}"))
 
 
-RECORD = REPO / "experiments" / "record" / "results" / "2026-11-30-avx512-finetune-digits"
+RECORD = RESULTS / "2026-11-30-avx512-finetune-digits"  # the shipped weights' fine-tune
 
 
 def test_the_digits_script_writes_a_stratified_image_folder(tmp_path) -> None:
