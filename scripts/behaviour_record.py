@@ -46,6 +46,8 @@ LAYOUT_OVERRIDES = {"flat": ["--model.time_budget_min", "null"], "nested": []}
 
 def step_budget_config(tmp: Path) -> Path:
     """cpu60.yaml without its TimeBudget callback: the schedules then run on the steps."""
+    from vit.commands.float32_overrides import without_compile
+
     config = yaml.safe_load(CONFIG.read_text())
     callbacks = config["trainer"].get("callbacks", [])
     config["trainer"]["callbacks"] = [
@@ -53,7 +55,8 @@ def step_budget_config(tmp: Path) -> Path:
     ]
     # eager, as the record always ran: the refactor oracle compares the code's own arithmetic,
     # which inductor's generated kernels need not keep through an equivalent rewrite
-    config.get("float32_overrides", {}).get("model", {}).pop("torch_compile", None)
+    if "float32_overrides" in config:
+        config["float32_overrides"] = without_compile(config["float32_overrides"])
     path = tmp / "cpu60-steps.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

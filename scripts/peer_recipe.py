@@ -166,12 +166,10 @@ def markdown(result: dict) -> str:
     peer, ours = result["peer"], result["ours"]
     # the peer scores at the first step past each mark, so its 4-minute score reads 4.02 min: the
     # point nearest our budget, if within 5% of it
-    ours_minutes = result["ours_minutes"]
-    at = [
-        p
-        for p in sorted(peer["curve"], key=lambda p: abs(p["minutes"] - ours_minutes))[:1]
-        if abs(p["minutes"] - ours_minutes) <= 0.05 * ours_minutes
-    ]
+    budget = result["ours_minutes"]
+    near = min(peer["curve"], key=lambda p: abs(p["minutes"] - budget), default=None)
+    if near is not None and abs(near["minutes"] - budget) > 0.05 * budget:
+        near = None
     lines = [
         f"`{result['command']}`",
         "",
@@ -192,7 +190,7 @@ def markdown(result: dict) -> str:
         f"Ours in {result['ours_minutes']:g} minutes against the peer's "
         f"{result['peer_minutes']:g}: {ours['test_acc'] - peer['test_acc']:+.2%} "
         f"({'reached' if ours['test_acc'] >= peer['test_acc'] else 'not reached'}); "
-        + (f"the peer at {at[-1]['minutes']:.1f} min had {at[-1]['test_acc']:.2%}." if at else ""),
+        + (f"the peer at {near['minutes']:.1f} min had {near['test_acc']:.2%}." if near else ""),
     ]
     return "\n".join(lines) + "\n"
 

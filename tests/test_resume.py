@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from tests.helpers import REPO, quiet_trainer, random_loader, tiny_classifier
+from vit.commands.float32_overrides import without_compile
 from vit.commands.train import train_main
 from vit.io.checkpoint import load_checkpoint
 
@@ -76,7 +77,8 @@ def recipe_config(
     config["test_after_fit"] = False
     # eager: the resume's bitwise guarantees are the loop's; the compiled network is
     # tests/test_warmup.py's, and its compile would add a minute to every process here
-    config.get("float32_overrides", {}).get("model", {}).pop("torch_compile", None)
+    if "float32_overrides" in config:
+        config["float32_overrides"] = without_compile(config["float32_overrides"])
     path = tmp_path / f"recipe-{runs.name}-{kill}-{term}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

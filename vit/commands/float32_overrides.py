@@ -31,10 +31,16 @@ def compile_if_possible(overrides: dict[str, Any]) -> dict[str, Any]:
         log.warning(
             "float32_overrides: model.torch_compile left out, the fit trains eager: %s", err
         )
-        kept = copy.deepcopy(overrides)
-        del kept["model"]["torch_compile"]
-        return {k: v for k, v in kept.items() if v != {}}
+        return without_compile(overrides)
     return overrides
+
+
+def without_compile(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the overrides less `model.torch_compile` (a section left empty goes too): what a
+    fit that must stay eager applies."""
+    kept = copy.deepcopy(overrides)
+    kept.get("model", {}).pop("torch_compile", None)
+    return {k: v for k, v in kept.items() if v != {}}
 
 
 def dotted(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
