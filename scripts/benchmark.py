@@ -3,9 +3,11 @@
     python scripts/benchmark.py                      # the full table (peers: pip install -e ".[bench]")
     python scripts/benchmark.py --quick              # fewer repeats, batch 128 only
     python scripts/benchmark.py --device cuda --name gpu   # the same table on a GPU
+    python scripts/benchmark.py --quick --compile    # every model also under torch.compile
 
 Every model is built at the same configuration (width, depth, heads, MLP width, patch, image size,
-classes). For each precision, full training steps (forward, backward, AdamW step) and inference
+classes); with --compile every model is timed a second time under torch.compile (static shapes,
+the default mode), so our compiled step meets the peers' compiled steps. For each precision, full training steps (forward, backward, AdamW step) and inference
 forwards are timed interleaved across models, round after round, after warm-up; the median of the
 rounds is reported, so a slow moment of the machine hits every model alike. Peak memory is the
 growth of the process's peak RSS over two training steps, measured in a fresh subprocess per model
@@ -37,7 +39,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit.model.vision_transformer import VisionTransformer
-from vit.system.hardware import cpu_has_fast_bf16, cpu_name, resolve_device
+from vit.system.hardware import (
+    check_cpp_compiler,
+    cpu_has_fast_bf16,
+    cpu_name,
+    resolve_device,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "experiments" / "record" / "benchmarks"
@@ -86,6 +93,18 @@ def build(name: str, *, width: int, depth: int, heads: int, mlp: int) -> nn.Modu
 
 
 MODELS = ("ours", "ours-fused", "timm", "timm-unfused", "vit-pytorch")
+COMPILED = "-compiled"
+
+
+def build_all(cfg: dict, *, compiled: bool = False) -> dict[str, nn.Module]:
+    """Every model whose package is installed; with `compiled`, each also as `<name>-compiled`
+    (an instance of its own under torch.compile, which compiles at its first step: a warm-up)."""
+    models = {n: m for n in MODELS if (m := build(n, **cfg)) is not None}
+    if compiled:
+        models |= {n + COMPILED: torch.compile(build(n, **cfg), dynamic=False) for n in models}
+    return models
+
+
 PRECISIONS = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}
 
 
@@ -327,7 +346,7 @@ def run(args: argparse.Namespace) -> dict:
     for cfg, batches in args.configs:
         for batch in batches:
             for precision in args.precisions:
-                models = {n: m.to(device) for n in MODELS if (m := build(n, **cfg)) is not None}
+                models = {n: m.to(device) for n, m in build_all(cfg, compiled=args.compile).items()}
                 for kind in ("train", "infer"):
                     steps = {
                         n: make_steps(m, batch=batch, precision=precision, device=device)[
@@ -475,6 +494,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--no-memory", dest="memory", action="store_false")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time every model under torch.compile (needs a C++ compiler on a CPU)",
+    )
+    p.add_argument(
         "--memory-only",
         action="store_true",
         help="measure peak memory only and add it to an existing <name>.json",
@@ -507,6 +531,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         p.error(str(err))
     on_gpu = on_cuda(args.device)
+    if args.compile and not on_gpu:
+        try:
+            check_cpp_compiler("--compile", "leave --compile out")
+        except RuntimeError as err:
+            p.error(str(err))
     args.repeat = args.repeat or (10 if on_gpu else 1)
     tiny = dict(width=192, depth=6, heads=3, mlp=768)
     wide = dict(width=384, depth=6, heads=6, mlp=1536)

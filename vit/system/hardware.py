@@ -112,13 +112,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def check_cpp_compiler() -> None:
-    """torch.compile's CPU code is C++ built at run time: fail at the start of the fit, with the
-    fix, where inductor would fail inside the first step."""
+def check_cpp_compiler(
+    option: str = "model.torch_compile", off: str = "set model.torch_compile: false"
+) -> None:
+    """torch.compile's CPU code is C++ built at run time: fail at the start of the fit (or of
+    whatever `option` compiles), with the fix, where inductor would fail inside the first step."""
     cxx = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")  # inductor's
     if shutil.which(cxx) is None:
         raise RuntimeError(
-            f"model.torch_compile needs a C++ compiler on CPU and {cxx!r} (the CXX variable, or "
-            f"the platform's default) is not on PATH: install one (e.g. apt install g++), point "
-            f"CXX at it, or set model.torch_compile: false."
+            f"{option} needs a C++ compiler on CPU and {cxx!r} (the CXX variable, or the "
+            f"platform's default) is not on PATH: install one (e.g. apt install g++), point "
+            f"CXX at it, or {off}."
         )
