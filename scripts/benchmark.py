@@ -6,15 +6,15 @@
     python scripts/benchmark.py --quick --compile    # every model also under torch.compile
 
 Every model is built at the same configuration (width, depth, heads, MLP width, patch, image size,
-classes); with --compile every model is timed a second time under torch.compile (static shapes,
-the default mode), so our compiled step meets the peers' compiled steps. For each precision, full training steps (forward, backward, AdamW step) and inference
-forwards are timed interleaved across models, round after round, after warm-up; the median of the
-rounds is reported, so a slow moment of the machine hits every model alike. Peak memory is the
-growth of the process's peak RSS over two training steps, measured in a fresh subprocess per model
-(on a GPU: the growth of the allocator's peak). The data pipeline (decoded uint8 tensors, batched
-crop + flip, normalisation) is timed alone on one thread (on a GPU: loading on one thread,
-augmentation on the GPU, as in training). Results go to experiments/record/benchmarks/ as JSON and
-Markdown.
+classes); with --compile every model is timed a second time under torch.compile (static shapes, the
+default mode), so our compiled step meets the peers' compiled steps. For each precision, full
+training steps (forward, backward, AdamW step) and inference forwards are timed interleaved across
+models, round after round, after warm-up; the median of the rounds is reported, so a slow moment of
+the machine hits every model alike. Peak memory is the growth of the process's peak RSS over two
+training steps, measured in a fresh subprocess per model (on a GPU: the growth of the allocator's
+peak). The data pipeline (decoded uint8 tensors, batched crop + flip, normalisation) is timed alone
+on one thread (on a GPU: loading on one thread, augmentation on the GPU, as in training). Results
+go to experiments/record/benchmarks/ as JSON and Markdown.
 """
 
 from __future__ import annotations
