@@ -111,6 +111,11 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         eval_batch_size=ns.batch_size,
     )
     del ckpt  # optimizer state: not needed here
+    if ns.split == "val" and dm.hparams.val_size == 0:
+        raise ValueError(
+            f"{ns.checkpoint} was trained on the whole training split (data.val_size 0): it has "
+            "no validation split to score. Score the test split (--split test, the default)."
+        )
     dm.prepare_data()
     dm.setup("test" if ns.split == "test" else "validate")
     loader = dm.test_dataloader() if ns.split == "test" else dm.val_dataloader()

@@ -16,6 +16,12 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from vit.commands.float32_overrides import compile_if_possible, dotted, trains_float32_on_cpu
 from vit.commands.run_folders import check_writable, resume_latest_run, share_logger_version
+from vit.commands.whole_split import (
+    check_checkpointing,
+    checkpoint_to_test,
+    drop_validation,
+    holds_out_nothing,
+)
 from vit.io.checkpoint import load_checkpoint
 from vit.io.init_from import check_init_source
 from vit.io.migrate import LEGACY_CLASS_PATHS
@@ -47,7 +53,8 @@ class ViTCLI(LightningCLI):
             "--test_after_fit",
             type=bool,
             default=False,
-            help="after fit, evaluate the best checkpoint (by val/acc) on the test split once",
+            help="after fit, evaluate the best checkpoint (by val/acc) on the test split once; "
+            "with data.val_size 0 (no validation split), the last",
         )
         parser.add_argument(
             "--bf16_fallback",
@@ -123,6 +130,9 @@ class ViTCLI(LightningCLI):
                 rank_zero_info(
                     f"training in float32 on a CPU: float32_overrides applied ({applied})"
                 )
+        if self.subcommand in ("fit", None) and holds_out_nothing(config):  # None: run=False
+            check_checkpointing(config)
+            rank_zero_info(drop_validation(config))
         share_logger_version(config.trainer.logger)
         check_writable(config.trainer.logger)
         mkl_amd.report(info=rank_zero_info)  # what vit-train's switch did (vit/commands/entry.py)
@@ -143,7 +153,10 @@ class ViTCLI(LightningCLI):
 
     def after_fit(self) -> None:
         if self.config.fit.test_after_fit and not self.trainer.fast_dev_run:
-            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
+            # the best by val/acc; a fit without a validation split (val_size 0): its last
+            validated = not holds_out_nothing(self.config.fit)
+            ckpt_path = "best" if validated else checkpoint_to_test(self.trainer)
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt_path)
 
 
 class _MovedModule(types.ModuleType):

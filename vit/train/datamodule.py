@@ -64,6 +64,8 @@ class CIFAR10DataModule(L.LightningDataModule):
         batch_size: training images per step and device; the recipes tune the learning rate with it.
         eval_batch_size: images per validation or test batch (default: twice batch_size).
         val_size: training-split images held out for validation; the test split stays untouched.
+            0: a fit on all of them without validation (vit-train's --test_after_fit then
+            scores last.ckpt), as a final fit once the choices are made.
         train_subset: train on this many of the remaining images (nested across sizes); null: all.
         seed: seeds the batch order, the augmentation and (unless split_seed) the validation split.
         split_seed: fixes the validation split apart from seed, to compare seeds on one split.

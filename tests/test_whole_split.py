@@ -1,0 +1,125 @@
+"""`--data.val_size 0`: a fit on the whole training split, without validation, whose
+`--test_after_fit` scores the last checkpoint; and the clear errors around it."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+from tests.helpers import train_args
+from vit.commands.evaluate import evaluate_main, run_evaluate
+from vit.commands.train import ViTCLI, train_main
+from vit.train.datamodule import CIFAR10DataModule
+from vit.train.module import ViTClassifier
+
+TRAIN_IMAGES = 3 * 12  # image_tree: 3 classes, 12 training images each
+
+
+def _whole_split_args(data_dir: Path, runs: Path, *extra: str) -> list[str]:
+    args = train_args(data_dir, runs, *extra)
+    args[args.index("--data.val_size=6")] = "--data.val_size=0"
+    return args
+
+
+def test_a_fit_on_the_whole_split_tests_its_last_checkpoint(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    train_main(_whole_split_args(image_tree, runs, "--test_after_fit=true"))
+    run = runs / "tiny" / "version_0"
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert not any(row.get("val/acc") for row in rows)  # no validation ran
+    saved = yaml.safe_load((run / "config.yaml").read_text())  # what the fit ran with
+    assert saved["trainer"]["limit_val_batches"] == 0
+    assert saved["trainer"]["callbacks"][0]["init_args"]["monitor"] is None
+    tested = [float(row["test/acc"]) for row in rows if row.get("test/acc")]
+    assert len(tested) == 1  # --test_after_fit ran, on a checkpoint (not "best": none exists)
+
+    last = run / "checkpoints" / "last.ckpt"
+    # the ModelCheckpoint ranked by val/acc kept saving last.ckpt, and ranked nothing
+    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
+    ckpt = torch.load(last, weights_only=True, map_location="cpu")
+    # every training image was trained on: two epochs of whole batches of 8 out of all 36
+    assert ckpt["global_step"] == 2 * (TRAIN_IMAGES // 8)
+    # what the test after fit scored is last.ckpt: vit-evaluate finds the same fraction right
+    # of its 12 test images (k/12 in float32: within 1e-7 of the exact fraction)
+    result = run_evaluate([str(last), "--no-flip", "--output-dir", str(tmp_path / "eval")])
+    assert result["num_images"] == 12 and tested[0] == pytest.approx(result["top1"], abs=1e-6)
+
+    # its validation split is empty: vit-evaluate says so and what to score instead
+    with pytest.raises(ValueError, match=r"whole training split \(data.val_size 0\).*--split test"):
+        run_evaluate([str(last), "--split", "val", "--output-dir", str(tmp_path / "val")])
+
+
+def test_the_command_line_says_what_a_fit_without_validation_changes(
+    image_tree: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stop = (
+        '[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+        '{"monitor": "val/acc", "mode": "max", "save_last": true}}, '
+        '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+        '{"monitor": "val/acc", "mode": "max"}}, '
+        '{"class_path": "lightning.pytorch.callbacks.EarlyStopping", "init_args": '
+        '{"monitor": "val/loss"}}, '
+        '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+        '{"monitor": "train/loss_step", "save_top_k": 2}}]'
+    )
+    args = _whole_split_args(image_tree, tmp_path / "runs")
+    at = next(i for i, a in enumerate(args) if a.startswith("--trainer.callbacks="))
+    args[at] = f"--trainer.callbacks={stop}"  # in place of train_args' list
+    with caplog.at_level("INFO"):
+        cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
+    trainer = cli.trainer
+    assert trainer.limit_val_batches == 0 and trainer.num_sanity_val_steps == 0
+    assert not any(isinstance(c, EarlyStopping) for c in trainer.callbacks)
+    checkpoints = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    # the one that saved last.ckpt keeps it, unranked; the one that only ranked by val/acc is
+    # gone; one ranked by a training metric is left as it was
+    assert [(c.monitor, c.save_top_k, c.save_last) for c in checkpoints] == [
+        (None, 0, True),
+        ("train/loss_step", 2, None),
+    ]
+    said = caplog.text
+    assert "data.val_size 0: training on the whole training split, without validation" in said
+    assert "ModelCheckpoint(monitor=val/acc) saves last.ckpt only" in said
+    assert "ModelCheckpoint(monitor=val/acc) left out" in said
+    assert "EarlyStopping(monitor=val/loss) left out" in said
+
+
+def test_a_validated_fit_is_left_as_it_was(image_tree: Path, tmp_path: Path) -> None:
+    args = train_args(image_tree, tmp_path / "runs")
+    cli = ViTCLI(ViTClassifier, CIFAR10DataModule, args=args[1:], run=False)
+    assert cli.trainer.limit_val_batches == 1.0
+    (checkpoint,) = [c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)]
+    assert (checkpoint.monitor, checkpoint.save_top_k) == ("val/acc", 1)
+
+
+def test_nothing_to_score_is_refused_before_the_fit(image_tree: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    args = _whole_split_args(
+        image_tree,
+        runs,
+        "--test_after_fit=true",
+        "--trainer.enable_checkpointing=false",
+    )
+    args.remove(next(a for a in args if a.startswith("--trainer.callbacks=")))
+    with pytest.raises(ValueError, match="enable_checkpointing is false: nothing would be saved"):
+        train_main(args)
+    assert not (runs / "tiny").exists()  # refused before any folder or step
+
+
+def test_vit_evaluate_reports_the_empty_validation_split_without_a_traceback(
+    image_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    train_main(_whole_split_args(image_tree, runs, "--trainer.max_epochs=1"))
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as stop:
+        evaluate_main([str(last), "--split", "val", "--output-dir", str(tmp_path / "val")])
+    assert stop.value.code == 2
+    assert "no validation split to score" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""`--data.val_size 0`: a fit on the whole training split, as the final fit once the choices are
+made on a held-out split. With nothing to validate on, vit-train turns validation off and mends
+the callbacks that act on a validation metric (a checkpoint ranked by val/acc would never save,
+early stopping would fail), and `--test_after_fit` scores the fit's last checkpoint: under a time
+budget and a schedule that anneals to zero, the last weights are the ones a validated fit picks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+def holds_out_nothing(config: Any) -> bool:
+    """Whether a fit's config trains on the whole training split (data.val_size 0)."""
+    data = config.get("data")
+    return data is not None and data.get("val_size") == 0
+
+
+def _class(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def drop_validation(config: Any) -> str:
+    """Turn a fit's validation off and mend each callback whose monitor is a validation metric
+    (`val/...`): a ModelCheckpoint that saves last.ckpt keeps saving it, unranked; any other is
+    left out. Returns a line saying what was done."""
+    config.trainer.limit_val_batches = 0
+    config.trainer.num_sanity_val_steps = 0
+    kept, changed = [], []
+    for callback in config.trainer.callbacks or []:
+        init_args = getattr(callback, "init_args", None)
+        monitor = init_args.get("monitor") if init_args is not None else None
+        if not (isinstance(monitor, str) and monitor.startswith("val/")):
+            kept.append(callback)
+            continue
+        name = f"{callback.class_path.rpartition('.')[2]}(monitor={monitor})"
+        if issubclass(_class(callback.class_path), ModelCheckpoint) and init_args.get("save_last"):
+            init_args.monitor, init_args.save_top_k = None, 0
+            kept.append(callback)
+            changed.append(f"{name} saves last.ckpt only")
+        else:
+            changed.append(f"{name} left out")
+    config.trainer.callbacks = kept
+    said = "data.val_size 0: training on the whole training split, without validation"
+    return f"{said}; {', '.join(changed)}" if changed else said
+
+
+def check_checkpointing(config: Any) -> None:
+    """Before the fit: --test_after_fit needs the fit's last weights saved somewhere."""
+    if config.get("test_after_fit") and config.trainer.get("enable_checkpointing") is False:
+        raise ValueError(
+            "--test_after_fit with data.val_size 0 scores the fit's last checkpoint, and "
+            "trainer.enable_checkpointing is false: nothing would be saved to score. Turn "
+            "checkpointing on, or leave --test_after_fit out."
+        )
+
+
+def checkpoint_to_test(trainer: L.Trainer) -> str:
+    """The checkpoint `--test_after_fit` scores after a fit that did not validate: last.ckpt
+    (LastCheckpoint, or any ModelCheckpoint with save_last), else the latest an unmonitored
+    ModelCheckpoint kept (Lightning's default one keeps the latest)."""
+    checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+    if any(c.last_model_path and Path(c.last_model_path).is_file() for c in checkpoints):
+        return "last"
+    if any(c.monitor is None and c.best_model_path for c in checkpoints):
+        return "best"
+    raise RuntimeError(
+        "--test_after_fit with data.val_size 0 scores the fit's last checkpoint, and this fit "
+        "saved none to score: add vit.train.callbacks.LastCheckpoint to trainer.callbacks "
+        "(experiments/cpu60.yaml lists it), or score a checkpoint with vit-evaluate."
+    )
