@@ -123,3 +123,19 @@ def test_vit_evaluate_reports_the_empty_validation_split_without_a_traceback(
         evaluate_main([str(last), "--split", "val", "--output-dir", str(tmp_path / "val")])
     assert stop.value.code == 2
     assert "no validation split to score" in capsys.readouterr().err
+
+
+def test_with_lightnings_default_checkpoint_the_test_scores_its_latest(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    args = _whole_split_args(image_tree, runs, "--test_after_fit=true")
+    args.remove(next(a for a in args if a.startswith("--trainer.callbacks=")))
+    train_main(args)  # no checkpoint callback configured: Lightning's own keeps the latest
+    run = runs / "tiny" / "version_0"
+    (kept,) = (run / "checkpoints").iterdir()
+    assert kept.name == f"epoch=1-step={2 * (TRAIN_IMAGES // 8)}.ckpt"  # the fit's last step
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    tested = [float(row["test/acc"]) for row in rows if row.get("test/acc")]
+    result = run_evaluate([str(kept), "--no-flip", "--output-dir", str(tmp_path / "eval")])
+    assert len(tested) == 1 and tested[0] == pytest.approx(result["top1"], abs=1e-6)
