@@ -21,17 +21,23 @@ def _logger_list(loggers: Any) -> list[Any]:
     return [lg for lg in items if getattr(lg, "init_args", None) is not None]
 
 
-def _writes_versions(logger: Any) -> bool:
-    """Whether a configured logger writes save_dir/name/version_N folders: Lightning's CSVLogger
-    and TensorBoardLogger, by any class_path (jsonargparse keeps a full module path such as
-    lightning.pytorch.loggers.csv_logs.CSVLogger as given) or a subclass. Other loggers keep their
-    own run ids: WandbLogger reads `version` as the W&B run id and MLFlowLogger has none."""
-    module, _, name = str(getattr(logger, "class_path", "")).rpartition(".")
+def configures(item: Any, classes: type | tuple[type, ...]) -> bool:
+    """Whether a configured class_path/init_args item builds one of `classes` or a subclass, by
+    any class_path (jsonargparse keeps a full module path such as
+    lightning.pytorch.loggers.csv_logs.CSVLogger as given)."""
+    module, _, name = str(getattr(item, "class_path", "")).rpartition(".")
     try:  # already imported: jsonargparse resolved it while parsing
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
         return False
-    return isinstance(cls, type) and issubclass(cls, (CSVLogger, TensorBoardLogger))
+    return isinstance(cls, type) and issubclass(cls, classes)
+
+
+def _writes_versions(logger: Any) -> bool:
+    """Whether a configured logger writes save_dir/name/version_N folders: Lightning's CSVLogger
+    and TensorBoardLogger or a subclass. Other loggers keep their own run ids: WandbLogger reads
+    `version` as the W&B run id and MLFlowLogger has none."""
+    return configures(logger, (CSVLogger, TensorBoardLogger))
 
 
 def _versioned_args(loggers: Any) -> list[Any]:

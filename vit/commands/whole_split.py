@@ -7,23 +7,19 @@ budget and a schedule that anneals to zero, the last weights are the ones a vali
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from vit.commands.run_folders import configures
+
 
 def holds_out_nothing(config: Any) -> bool:
     """Whether a fit's config trains on the whole training split (data.val_size 0)."""
     data = config.get("data")
     return data is not None and data.get("val_size") == 0
-
-
-def _class(class_path: str) -> type:
-    module, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 def drop_validation(config: Any) -> str:
@@ -40,7 +36,7 @@ def drop_validation(config: Any) -> str:
             kept.append(callback)
             continue
         name = f"{callback.class_path.rpartition('.')[2]}(monitor={monitor})"
-        if issubclass(_class(callback.class_path), ModelCheckpoint) and init_args.get("save_last"):
+        if configures(callback, ModelCheckpoint) and init_args.get("save_last"):
             init_args.monitor, init_args.save_top_k = None, 0
             kept.append(callback)
             changed.append(f"{name} saves last.ckpt only")
