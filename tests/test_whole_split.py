@@ -113,6 +113,17 @@ def test_nothing_to_score_is_refused_before_the_fit(image_tree: Path, tmp_path: 
     assert not (runs / "tiny").exists()  # refused before any folder or step
 
 
+def test_vit_train_validate_refuses_an_empty_validation_split(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    args = _whole_split_args(image_tree, runs)
+    args[0] = "validate"
+    with pytest.raises(ValueError, match=r"data.val_size is 0: there is none.*vit-evaluate"):
+        train_main(args)
+    assert not (runs / "tiny").exists()  # refused before any folder was made
+
+
 def test_vit_evaluate_reports_the_empty_validation_split_without_a_traceback(
     image_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -21,6 +21,7 @@ from vit.commands.whole_split import (
     checkpoint_to_test,
     drop_validation,
     holds_out_nothing,
+    refuse_validation,
 )
 from vit.io.checkpoint import load_checkpoint
 from vit.io.init_from import check_init_source
@@ -133,6 +134,8 @@ class ViTCLI(LightningCLI):
         if self.subcommand in ("fit", None) and holds_out_nothing(config):  # None: run=False
             check_checkpointing(config)
             rank_zero_info(drop_validation(config))
+        if self.subcommand == "validate":
+            refuse_validation(config)
         share_logger_version(config.trainer.logger)
         check_writable(config.trainer.logger)
         mkl_amd.report(info=rank_zero_info)  # what vit-train's switch did (vit/commands/entry.py)

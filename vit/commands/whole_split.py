@@ -3,6 +3,7 @@ made on a held-out split. With nothing to validate on, vit-train turns validatio
 the callbacks that act on a validation metric (a checkpoint ranked by val/acc would never save,
 early stopping would fail), and `--test_after_fit` scores the fit's last checkpoint: under a time
 budget and a schedule that anneals to zero, the last weights are the ones a validated fit picks.
+`vit-train validate` on such a config is refused: there is no split to score.
 """
 
 from __future__ import annotations
@@ -54,6 +55,17 @@ def check_checkpointing(config: Any) -> None:
             "--test_after_fit with data.val_size 0 scores the fit's last checkpoint, and "
             "trainer.enable_checkpointing is false: nothing would be saved to score. Turn "
             "checkpointing on, or leave --test_after_fit out."
+        )
+
+
+def refuse_validation(config: Any) -> None:
+    """`vit-train validate` with data.val_size 0 has no split to score: say so, before any work."""
+    if holds_out_nothing(config):
+        raise ValueError(
+            "vit-train validate scores the validation split, and data.val_size is 0: there is "
+            "none. Give --data.val_size N (the recipe holds out 5000; a checkpoint fitted with "
+            "val_size 0 has trained on those images too), or score the test split with "
+            "`vit-train test` or `vit-evaluate CHECKPOINT`."
         )
 
 
