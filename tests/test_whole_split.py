@@ -123,6 +123,16 @@ def test_vit_train_validate_refuses_an_empty_validation_split(
         train_main(args)
     assert not (runs / "tiny").exists()  # refused before any folder was made
 
+    # a checkpoint fitted on the whole split, validated with a held-out split in the config:
+    # every image of that split was trained on, so it is refused too
+    train_main(_whole_split_args(image_tree, runs, "--trainer.max_epochs=1"))
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    held_out = train_args(image_tree, runs, f"--ckpt_path={last}")
+    held_out[0] = "validate"
+    with pytest.raises(ValueError, match=r"trained on the whole training split.*vit-train test"):
+        train_main(held_out)
+    assert not (runs / "tiny" / "version_1").exists()
+
 
 def test_vit_evaluate_reports_the_empty_validation_split_without_a_traceback(
     image_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

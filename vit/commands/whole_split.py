@@ -3,7 +3,7 @@ made on a held-out split. With nothing to validate on, vit-train turns validatio
 the callbacks that act on a validation metric (a checkpoint ranked by val/acc would never save,
 early stopping would fail), and `--test_after_fit` scores the fit's last checkpoint: under a time
 budget and a schedule that anneals to zero, the last weights are the ones a validated fit picks.
-`vit-train validate` on such a config is refused: there is no split to score.
+`vit-train validate` on such a config, or of such a checkpoint, is refused: nothing held out.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from vit.commands.run_folders import configures
+from vit.io.checkpoint import load_checkpoint
 
 
 def holds_out_nothing(config: Any) -> bool:
@@ -59,13 +60,24 @@ def check_checkpointing(config: Any) -> None:
 
 
 def refuse_validation(config: Any) -> None:
-    """`vit-train validate` with data.val_size 0 has no split to score: say so, before any work."""
+    """`vit-train validate` with no split to score, or with a checkpoint that trained on every
+    image a validation split could hold (fitted with data.val_size 0): say so, before any work."""
     if holds_out_nothing(config):
         raise ValueError(
             "vit-train validate scores the validation split, and data.val_size is 0: there is "
             "none. Give --data.val_size N (the recipe holds out 5000; a checkpoint fitted with "
             "val_size 0 has trained on those images too), or score the test split with "
             "`vit-train test` or `vit-evaluate CHECKPOINT`."
+        )
+    ckpt_path = config.get("ckpt_path")
+    if not (ckpt_path and Path(ckpt_path).is_file()):
+        return
+    data = load_checkpoint(ckpt_path).get("datamodule_hyper_parameters") or {}
+    if data.get("val_size") == 0:
+        raise ValueError(
+            f"{ckpt_path} was trained on the whole training split (data.val_size 0): every "
+            "image a validation split would hold was trained on, so its score would not be a "
+            f"validation. Score the test split: `vit-train test` or `vit-evaluate {ckpt_path}`."
         )
 
 
