@@ -22,6 +22,7 @@ from vit.commands.whole_split import (
     drop_validation,
     holds_out_nothing,
     refuse_validation,
+    refuse_whole_split_checkpoint,
 )
 from vit.io.checkpoint import load_checkpoint
 from vit.io.init_from import check_init_source
@@ -90,7 +91,10 @@ class ViTCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or not Path(ckpt_path).is_file():
             return
-        hparams = dict(load_checkpoint(ckpt_path).get("hyper_parameters") or {})
+        ckpt = load_checkpoint(ckpt_path)
+        if subcommand == "validate":  # checked here, where the file is read anyway
+            refuse_whole_split_checkpoint(ckpt_path, ckpt)
+        hparams = dict(ckpt.get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         if hparams:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)

@@ -15,7 +15,6 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from vit.commands.run_folders import configures
-from vit.io.checkpoint import load_checkpoint
 
 
 def holds_out_nothing(config: Any) -> bool:
@@ -60,8 +59,7 @@ def check_checkpointing(config: Any) -> None:
 
 
 def refuse_validation(config: Any) -> None:
-    """`vit-train validate` with no split to score, or with a checkpoint that trained on every
-    image a validation split could hold (fitted with data.val_size 0): say so, before any work."""
+    """`vit-train validate` with data.val_size 0 has no split to score: say so, before any work."""
     if holds_out_nothing(config):
         raise ValueError(
             "vit-train validate scores the validation split, and data.val_size is 0: there is "
@@ -69,10 +67,12 @@ def refuse_validation(config: Any) -> None:
             "val_size 0 has trained on those images too), or score the test split with "
             "`vit-train test` or `vit-evaluate CHECKPOINT`."
         )
-    ckpt_path = config.get("ckpt_path")
-    if not (ckpt_path and Path(ckpt_path).is_file()):
-        return
-    data = load_checkpoint(ckpt_path).get("datamodule_hyper_parameters") or {}
+
+
+def refuse_whole_split_checkpoint(ckpt_path: str, ckpt: dict[str, Any]) -> None:
+    """`vit-train validate` of a checkpoint fitted with data.val_size 0: it trained on every image
+    a validation split could hold, so its score there would not be a validation."""
+    data = ckpt.get("datamodule_hyper_parameters") or {}
     if data.get("val_size") == 0:
         raise ValueError(
             f"{ckpt_path} was trained on the whole training split (data.val_size 0): every "
