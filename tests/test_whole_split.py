@@ -6,12 +6,13 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-from tests.helpers import train_args
+from tests.helpers import tiny_classifier, tiny_datamodule, train_args
 from vit.commands.evaluate import evaluate_main, run_evaluate
 from vit.commands.train import ViTCLI, train_main
 from vit.train.datamodule import CIFAR10DataModule
@@ -132,6 +133,52 @@ def test_vit_train_validate_refuses_an_empty_validation_split(
     with pytest.raises(ValueError, match=r"trained on the whole training split.*vit-train test"):
         train_main(held_out)
     assert not (runs / "tiny" / "version_1").exists()
+
+
+def test_vit_train_validate_refuses_a_split_the_checkpoint_trained_on(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    train_main(train_args(image_tree, runs, "--trainer.max_epochs=1"))  # 6 held out, seed 0
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+
+    def validate(*extra: str) -> list[str]:
+        args = train_args(image_tree, runs, f"--ckpt_path={last}", *extra)
+        args[0] = "validate"
+        return args
+
+    # another seed draws another split: most of its images were trained on
+    with pytest.raises(ValueError, match=r"held out 6 images drawn by seed 0.*--data.split_seed 0"):
+        train_main(validate("--data.seed=1"))
+    # the same permutation, one image more than the fit held out: that image was trained on
+    with pytest.raises(ValueError, match=r"split is 7 images drawn by seed 0"):
+        train_main(validate("--data.val_size=7"))
+    assert not (runs / "tiny" / "version_1").exists()  # refused before any folder was made
+
+    # split_seed pins the fit's split under another seed; fewer images are a subset of it
+    train_main(validate("--data.seed=1", "--data.split_seed=0", "--data.val_size=5"))
+    rows = list(csv.DictReader((runs / "tiny" / "version_1" / "metrics.csv").open()))
+    assert [row["val/acc"] for row in rows if row.get("val/acc")]  # it validated
+
+
+def test_trainer_validate_from_python_refuses_an_empty_validation_split(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = tiny_classifier(network={"num_classes": 3})
+    cache = str(tmp_path / "cache")
+    whole = tiny_datamodule(image_tree, val_size=0, cache_dir=cache)
+    with pytest.raises(ValueError, match=r"trainer.validate with data.val_size 0.*trainer.test"):
+        trainer.validate(model, datamodule=whole, verbose=False)
+    # with images held out the same call scores them
+    (scores,) = trainer.validate(model, datamodule=tiny_datamodule(image_tree, cache_dir=cache))
+    assert 0.0 <= scores["val/acc"] <= 1.0
 
 
 def test_vit_evaluate_reports_the_empty_validation_split_without_a_traceback(

@@ -21,8 +21,8 @@ from vit.commands.whole_split import (
     checkpoint_to_test,
     drop_validation,
     holds_out_nothing,
+    refuse_trained_on_validation,
     refuse_validation,
-    refuse_whole_split_checkpoint,
 )
 from vit.io.checkpoint import load_checkpoint
 from vit.io.init_from import check_init_source
@@ -93,7 +93,7 @@ class ViTCLI(LightningCLI):
             return
         ckpt = load_checkpoint(ckpt_path)
         if subcommand == "validate":  # checked here, where the file is read anyway
-            refuse_whole_split_checkpoint(ckpt_path, ckpt)
+            refuse_trained_on_validation(ckpt_path, ckpt, self.config[subcommand].get("data"))
         hparams = dict(ckpt.get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         if hparams:

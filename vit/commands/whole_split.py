@@ -3,7 +3,8 @@ made on a held-out split. With nothing to validate on, vit-train turns validatio
 the callbacks that act on a validation metric (a checkpoint ranked by val/acc would never save,
 early stopping would fail), and `--test_after_fit` scores the fit's last checkpoint: under a time
 budget and a schedule that anneals to zero, the last weights are the ones a validated fit picks.
-`vit-train validate` on such a config, or of such a checkpoint, is refused: nothing held out.
+`vit-train validate` on such a config, or of such a checkpoint, is refused: nothing held out;
+so is one whose config draws a validation split the checkpoint's fit trained on.
 """
 
 from __future__ import annotations
@@ -69,15 +70,36 @@ def refuse_validation(config: Any) -> None:
         )
 
 
-def refuse_whole_split_checkpoint(ckpt_path: str, ckpt: dict[str, Any]) -> None:
-    """`vit-train validate` of a checkpoint fitted with data.val_size 0: it trained on every image
-    a validation split could hold, so its score there would not be a validation."""
-    data = ckpt.get("datamodule_hyper_parameters") or {}
-    if data.get("val_size") == 0:
+def _split_seed(data: Any) -> Any:
+    """The seed that draws a datamodule's validation split (split_seed, else seed)."""
+    split_seed = data.get("split_seed")
+    return data.get("seed") if split_seed is None else split_seed
+
+
+def refuse_trained_on_validation(ckpt_path: str, ckpt: dict[str, Any], data: Any) -> None:
+    """`vit-train validate` of a checkpoint whose fit trained on images of the config's
+    validation split: fitted with data.val_size 0, with the split drawn by another seed, or
+    holding out fewer images than the config scores. Its score there would not be a validation.
+    A checkpoint without the datamodule's hyper-parameters says nothing, and passes."""
+    fitted = ckpt.get("datamodule_hyper_parameters") or {}
+    if fitted.get("val_size") == 0:
         raise ValueError(
             f"{ckpt_path} was trained on the whole training split (data.val_size 0): every "
             "image a validation split would hold was trained on, so its score would not be a "
             f"validation. Score the test split: `vit-train test` or `vit-evaluate {ckpt_path}`."
+        )
+    if data is None or _split_seed(fitted) is None or fitted.get("val_size") is None:
+        return
+    # split_train_val takes the validation images first from one seeded permutation: the same
+    # seed and no more images than the fit held out score only images it never trained on
+    seed, size = _split_seed(fitted), fitted["val_size"]
+    if _split_seed(data) != seed or data.get("val_size") > size:
+        raise ValueError(
+            f"{ckpt_path} held out {size} images drawn by seed {seed}; this config's validation "
+            f"split is {data.get('val_size')} images drawn by seed {_split_seed(data)} "
+            "(data.split_seed, else data.seed), so it holds images that fit trained on. Give "
+            f"--data.split_seed {seed} --data.val_size {size} (or fewer images), or score the "
+            f"test split: `vit-evaluate {ckpt_path}` (it reads the split from the checkpoint)."
         )
 
 

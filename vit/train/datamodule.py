@@ -317,6 +317,13 @@ class CIFAR10DataModule(L.LightningDataModule):
         return self._loader(self.train_dataset, stage="fit", train=True)
 
     def val_dataloader(self) -> DataLoader:
+        if self.hparams.val_size == 0 and self.trainer and self.trainer.state.fn == "validate":
+            # a fit with val_size 0 skips validation; trainer.validate would score nothing, quietly
+            raise ValueError(
+                "trainer.validate with data.val_size 0: no images are held out, so there is no "
+                "validation split to score. Give val_size > 0 (the recipe holds out 5000), or "
+                "score the test split with trainer.test."
+            )
         return self._loader(self.val_dataset, stage="validate")
 
     def test_dataloader(self) -> DataLoader:
