@@ -64,7 +64,7 @@ def refuse_validation(config: Any) -> None:
     if holds_out_nothing(config):
         raise ValueError(
             "vit-train validate scores the validation split, and data.val_size is 0: there is "
-            "none. Give --data.val_size N (the recipe holds out 5000; a checkpoint fitted with "
+            "none. Give --data.val_size N (the screens hold out 5000; a checkpoint fitted with "
             "val_size 0 has trained on those images too), or score the test split with "
             "`vit-train test` or `vit-evaluate CHECKPOINT`."
         )

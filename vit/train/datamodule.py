@@ -321,7 +321,7 @@ class CIFAR10DataModule(L.LightningDataModule):
             # a fit with val_size 0 skips validation; trainer.validate would score nothing, quietly
             raise ValueError(
                 "trainer.validate with data.val_size 0: no images are held out, so there is no "
-                "validation split to score. Give val_size > 0 (the recipe holds out 5000), or "
+                "validation split to score. Give val_size > 0 (the screens hold out 5000), or "
                 "score the test split with trainer.test."
             )
         return self._loader(self.val_dataset, stage="validate")
