@@ -16,6 +16,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from vit.commands.run_folders import configures
+from vit.train.datamodule import validation_seed
 
 
 def holds_out_nothing(config: Any) -> bool:
@@ -70,12 +71,6 @@ def refuse_validation(config: Any) -> None:
         )
 
 
-def _split_seed(data: Any) -> Any:
-    """The seed that draws a datamodule's validation split (split_seed, else seed)."""
-    split_seed = data.get("split_seed")
-    return data.get("seed") if split_seed is None else split_seed
-
-
 def refuse_trained_on_validation(ckpt_path: str, ckpt: dict[str, Any], data: Any) -> None:
     """`vit-train validate` of a checkpoint whose fit trained on images of the config's
     validation split: fitted with data.val_size 0, with the split drawn by another seed, or
@@ -88,15 +83,15 @@ def refuse_trained_on_validation(ckpt_path: str, ckpt: dict[str, Any], data: Any
             "image a validation split would hold was trained on, so its score would not be a "
             f"validation. Score the test split: `vit-train test` or `vit-evaluate {ckpt_path}`."
         )
-    if data is None or _split_seed(fitted) is None or fitted.get("val_size") is None:
+    if data is None or validation_seed(fitted) is None or fitted.get("val_size") is None:
         return
     # split_train_val takes the validation images first from one seeded permutation: the same
     # seed and no more images than the fit held out score only images it never trained on
-    seed, size = _split_seed(fitted), fitted["val_size"]
-    if _split_seed(data) != seed or data.get("val_size") > size:
+    seed, size = validation_seed(fitted), fitted["val_size"]
+    if validation_seed(data) != seed or data.get("val_size") > size:
         raise ValueError(
             f"{ckpt_path} held out {size} images drawn by seed {seed}; this config's validation "
-            f"split is {data.get('val_size')} images drawn by seed {_split_seed(data)} "
+            f"split is {data.get('val_size')} images drawn by seed {validation_seed(data)} "
             "(data.split_seed, else data.seed), so it holds images that fit trained on. Give "
             f"--data.split_seed {seed} --data.val_size {size} (or fewer images), or score the "
             f"test split: `vit-evaluate {ckpt_path}` (it reads the split from the checkpoint)."

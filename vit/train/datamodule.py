@@ -45,6 +45,13 @@ from vit.data.sources import find_source, load_split, prepare_source, source_cla
 log = logging.getLogger(__name__)
 
 
+def validation_seed(data: Any) -> Any:
+    """The seed that draws the validation split, from a datamodule's options (its hparams, or a
+    config's or checkpoint's `data`): split_seed, else seed."""
+    split_seed = data.get("split_seed")
+    return data.get("seed") if split_seed is None else split_seed
+
+
 class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 loaders of uint8 batches, augmented and normalized after the device transfer.
 
@@ -217,7 +224,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         return split_train_val(
             num_images,
             val_size=hp.val_size,
-            seed=hp.seed if hp.split_seed is None else hp.split_seed,
+            seed=validation_seed(hp),
             train_subset=hp.train_subset,
         )
 
