@@ -103,6 +103,45 @@ def test_metrics_csv_gives_steps_best_val_and_test() -> None:
     assert peer.read_metrics(lines) == {"steps": 199, "test_acc": 0.505, "best_val_acc": 0.52}
 
 
+def test_metrics_csv_without_validation_gives_no_best_val() -> None:
+    lines = ["epoch,step,train/loss_step,test/acc", "0,49,2.1,", "0,99,1.9,", "0,99,,0.47"]
+    assert peer.read_metrics(lines) == {"steps": 99, "test_acc": 0.47, "best_val_acc": None}
+
+
+@pytest.mark.parametrize(("val_size", "interval"), [(0, None), (5000, "00:00:01:00")])
+def test_ours_validates_every_minute_only_with_a_validation_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, val_size: int, interval: str | None
+) -> None:
+    cfg = yaml.safe_load((REPO / "experiments" / "cpu60.yaml").read_text())
+    cfg["data"]["val_size"] = val_size
+    config = tmp_path / "cpu60.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    seen = {}
+
+    def fit(cmd: list[str], **_: object) -> None:  # stands in for vit-train: writes its CSV
+        at = cmd.index("-c", cmd.index("-c") + 1)  # vit-train's -c, after python's own
+        ran = yaml.safe_load(Path(cmd[at + 1]).read_text())
+        seen.update(ran)
+        folder = Path(ran["trainer"]["logger"][0]["init_args"]["save_dir"]) / "cpu60" / "version_0"
+        folder.mkdir(parents=True)
+        (folder / "metrics.csv").write_text("epoch,step,test/acc\n0,9,\n0,9,0.3\n")
+
+    monkeypatch.setattr(peer.subprocess, "run", fit)
+    out = peer.train_ours(minutes=0.5, seed=0, config=config)
+    # without a split the config's own interval stays (Lightning then skips validation)
+    assert seen["trainer"]["val_check_interval"] == interval or cfg["trainer"]["val_check_interval"]
+    assert (out["steps"], out["test_acc"], out["best_val_acc"]) == (9, 0.3, None)
+    budget = [c for c in seen["trainer"]["callbacks"] if c["class_path"].endswith("TimeBudget")]
+    assert budget[0]["init_args"]["minutes"] == 0.5
+
+
+def test_report_without_validation_names_the_last_checkpoint() -> None:
+    result = _result(0.70, 0.65)
+    result["ours"]["best_val_acc"] = None
+    text = peer.markdown(result)
+    assert "the last checkpoint" in text and "best val" not in text and "(reached)" in text
+
+
 def _result(ours: float, peer_acc: float) -> dict:
     curve = [{"minutes": m, "steps": 10 * m, "test_acc": peer_acc * m / 20} for m in (2, 4, 20)]
     return {
