@@ -129,7 +129,8 @@ def test_ours_validates_every_minute_only_with_a_validation_split(
     monkeypatch.setattr(peer.subprocess, "run", fit)
     out = peer.train_ours(minutes=0.5, seed=0, config=config)
     # without a split the config's own interval stays (Lightning then skips validation)
-    assert seen["trainer"]["val_check_interval"] == interval or cfg["trainer"]["val_check_interval"]
+    expected = interval or cfg["trainer"]["val_check_interval"]
+    assert seen["trainer"]["val_check_interval"] == expected
     assert (out["steps"], out["test_acc"], out["best_val_acc"]) == (9, 0.3, None)
     budget = [c for c in seen["trainer"]["callbacks"] if c["class_path"].endswith("TimeBudget")]
     assert budget[0]["init_args"]["minutes"] == 0.5
