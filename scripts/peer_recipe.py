@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                         ("--eval-every", ns.eval_every)):  # fmt: skip
         if not value > 0:
             p.error(f"{name} must be a positive number of minutes, got {value}")
+    if ns.skip != "ours" and not ns.config.is_file():  # before the peer's minutes, not after
+        p.error(f"--config {ns.config} is not a file; give a vit-train config, e.g. "
+                "experiments/cpu60.yaml")  # fmt: skip
     dtype = torch.bfloat16 if cpu_has_fast_bf16() else None
     empty = {"steps": 0, "test_acc": float("nan"), "best_val_acc": float("nan"), "curve": []}
     result = {

@@ -176,6 +176,19 @@ def test_report_takes_the_peer_s_score_at_our_budget_from_the_step_past_its_mark
     assert "the peer at" not in peer.markdown(result)  # no score near our budget: none given
 
 
+def test_a_missing_config_is_refused_before_the_peer_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def never(*_: object, **__: object) -> dict:
+        raise AssertionError("the peer trained before the config was checked")
+
+    monkeypatch.setattr(peer, "train_peer", never)
+    with pytest.raises(SystemExit) as exit_info:
+        peer.main(["--config", str(tmp_path / "nope.yaml")])
+    assert exit_info.value.code == 2
+    assert f"--config {tmp_path / 'nope.yaml'} is not a file" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", ["--minutes", "--ours-minutes", "--eval-every"])
 def test_non_positive_minutes_are_refused(flag: str, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
