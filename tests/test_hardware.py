@@ -25,6 +25,26 @@ def test_bf16_is_fast_only_where_the_cpu_has_it_natively(
     assert hardware.cpu_has_fast_bf16() is fast
 
 
+@pytest.mark.parametrize(("value", "fast"), [("0", False), ("1", True), ("", True)])
+def test_vit_cpu_bf16_0_takes_the_float32_path_on_a_bf16_cpu(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, value: str, fast: bool
+) -> None:
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"avx2", "avx512f", "amx_bf16"})
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("VIT_CPU_BF16", value)
+    assert hardware.cpu_has_fast_bf16() is fast
+    with caplog.at_level("WARNING"):
+        precision = hardware.cpu_precision("bf16-mixed", "cpu")
+    assert precision == ("bf16-mixed" if fast else "32-true")
+    assert ("VIT_CPU_BF16=0" in caplog.text) is not fast  # the warning says why
+
+
+def test_vit_cpu_bf16_refuses_a_value_it_does_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VIT_CPU_BF16", "false")
+    with pytest.raises(ValueError, match=r"VIT_CPU_BF16='false': expected 0 .* or 1"):
+        hardware.cpu_has_fast_bf16()
+
+
 def test_without_cpu_flags_onednn_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hardware, "cpu_flags", lambda: None)
     monkeypatch.setattr(hardware.torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)

@@ -20,17 +20,35 @@ import torch
 log = logging.getLogger(__name__)
 
 
+BF16_ENV = "VIT_CPU_BF16"  # 0: answer "no native bf16" on any CPU
+
+
 def cpu_has_fast_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 matrices natively: AVX512-BF16 or AMX on x86.
 
     oneDNN also offers bf16 on plain AVX-512 by emulation, and AVX2-only CPUs fall back to a
     reference kernel; both train slower in bf16 than in float32 (experiments/record/benchmarks/
     fp32.md, cpu-avx512-nobf16.md). Elsewhere (Arm, or no /proc/cpuinfo), oneDNN's own answer.
+    VIT_CPU_BF16=0 answers no on any CPU: a bf16 CPU then takes the float32 path the others take
+    (the precision fallback, `float32_overrides`, Muon in float32), to measure it beside bf16.
     """
+    if bf16_switched_off():
+        return False
     flags = cpu_flags()
     if flags is not None and platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"):
         return bool(flags & {"avx512_bf16", "amx_bf16"})
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def bf16_switched_off() -> bool:
+    """Whether VIT_CPU_BF16=0 is set; a value other than 0 or 1 is refused, not ignored."""
+    value = os.environ.get(BF16_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(
+            f"{BF16_ENV}={value!r}: expected 0 (train as a CPU without native bf16 does) or 1 "
+            f"(the default: ask the CPU); unset it or set one of those."
+        )
+    return value == "0"
 
 
 def cpu_flags() -> set[str] | None:
@@ -79,12 +97,17 @@ def cpu_precision(precision: Any, accelerator: Any) -> Any:
     """The precision to train with: a bf16 one becomes 32-true on a CPU without native bf16."""
     if not (runs_on_cpu(accelerator) and str(precision).startswith("bf16")) or cpu_has_fast_bf16():
         return precision
+    why = (
+        f"{BF16_ENV}=0 treats this CPU as one without native bfloat16 matrix products"
+        if bf16_switched_off()
+        else "this CPU has no native bfloat16 matrix products (no AVX512-BF16 or AMX)"
+    )
     log.warning(
-        "trainer.precision=%s: this CPU has no native bfloat16 matrix products (no AVX512-BF16 "
-        "or AMX), where bf16 trains many times slower than float32 (experiments/record/benchmarks/"
-        "fp32.md); training in 32-true instead. Pass "
+        "trainer.precision=%s: %s, where bf16 trains many times slower than float32 "
+        "(experiments/record/benchmarks/fp32.md); training in 32-true instead. Pass "
         "--bf16_fallback false to keep %s.",
         precision,
+        why,
         precision,
     )
     return "32-true"
