@@ -57,10 +57,10 @@ def vit_small(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
 
 def vit_tiny_d4_cifar10(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     """The shipped CIFAR-10 model, vit-tiny-d4-cifar10-cpu60: width 192, depth 4, 3 heads, MLP
-    ratio 2, shifted patch tokens and locality self-attention (86.23% test top-1 from 60 minutes
-    on a 2-core CPU). pretrained=True loads its weights (inside the package, nothing downloaded)
-    in eval mode; False builds the architecture untrained. Keyword arguments override the
-    constructor's: img_size=48 resizes the trained positions; with pretrained=True, another
+    ratio 2, shifted patch tokens, locality self-attention, mean pooling (88.28% test top-1 from
+    60 minutes on a 2-core CPU). pretrained=True loads its weights (inside the package, nothing
+    downloaded) in eval mode; False builds the architecture untrained. Keyword arguments override
+    the constructor's: img_size=48 resizes the trained positions; with pretrained=True, another
     num_classes keeps every trained weight but the head, which starts fresh (fine-tuning)."""
     return _shipped("vit_tiny_d4_cifar10", pretrained=pretrained, overrides=kwargs)
 

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 CIFAR_ARCHIVE = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 SHIPPED = "vit-tiny-d4-cifar10-cpu60"  # the weights in vit/io/weights/
 RESULTS = REPO / "experiments" / "record" / "results"
-SHIPPED_RUN = RESULTS / "2026-11-30-avx512bf16-train50k-seed0"  # the run that made them
+SHIPPED_RUN = RESULTS / "2026-12-01-amx-gap-train50k-seed1"  # the run that made them
 
 
 def recorded_test_metrics() -> dict:

@@ -107,6 +107,9 @@ def test_the_cls_query_and_the_mean_over_heads(driver, tiny_page) -> None:
     assert overlay(driver)[0] == shown(maps[0][0].mean(dim=0)[0, 1:])
     click(driver, '#overlay [data-query="16"]')
     assert overlay(driver)[0] == shown(maps[0][0].mean(dim=0)[16, 1:])
+    from selenium.webdriver.common.by import By
+
+    assert "CLS query" in driver.find_element(By.ID, "thumbs-hint").text  # a CLS model's hint
 
 
 def test_rollout_gradient_rollout_and_probabilities(driver, tiny_page) -> None:
@@ -189,6 +192,11 @@ def test_without_a_class_token_the_pooled_query_is_shown(driver, tmp_path) -> No
     assert values == shown(query_map(maps[-1][0, 1], grid=(4, 4), num_prefix_tokens=0)) and not cls
     click(driver, '#overlay [data-query="3"]')
     assert overlay(driver)[0] == shown(maps[-1][0, 1, 3])  # no prefix: all 16 keys are patches
+    from selenium.webdriver.common.by import By
+
+    hints = [driver.find_element(By.ID, i).text for i in ("thumbs-hint", "distance-keys")]
+    assert "mean of patches" in hints[0] and "no CLS token" in hints[1]
+    assert "CLS" not in hints[0]
 
 
 def test_a_screenshot_of_the_page(tiny_page, tmp_path) -> None:

@@ -167,7 +167,7 @@ def test_vit_train_checks_the_source_before_reading_data(
         train_main(train_args(absent, tmp_path / "runs", f"--model.init_from={init}"))
 
 
-RECORD = RESULTS / "2026-12-01-avx512bf16-finetune-digits"  # the shipped weights' fine-tune
+RECORD = RESULTS / "2026-12-01-amx-finetune-digits"  # the shipped weights' fine-tune
 
 
 def test_the_digits_script_writes_a_stratified_image_folder(tmp_path) -> None:

@@ -30,6 +30,7 @@ from vit.maps.inspect_plots import (
     plot_attention_distance,
     plot_filter_components,
     plot_position_similarity,
+    plot_training_strip,
     similarity_mosaic,
 )
 from vit.maps.inspection import (
@@ -167,6 +168,32 @@ def test_the_figures_label_their_axes_and_units(weights) -> None:
     assert titles == [f"PC{i + 1}: {float(r):.1%}" for i, r in enumerate(ratio)]
     for fig in (positions,):
         assert any("Dosovitskiy" in t.get_text() for t in fig.texts)  # the caption
+
+
+def test_the_captions_say_whether_a_cls_token_was_left_out() -> None:
+    def caption(fig) -> str:
+        return " ".join(t.get_text() for t in fig.texts)
+
+    x = torch.randn(2, 3, 32, 32)
+    for model, cls in [
+        (VisionTransformer(**TINY), True),
+        (VisionTransformer(**TINY, class_token=False, global_pool="avg"), False),
+    ]:
+        distance = mean_attention_distance(model, x)
+        assert distance.prefix_tokens == int(cls)
+        text = caption(plot_attention_distance(distance))
+        assert ("weight on the CLS token left out" in text) is cls
+        assert ("no CLS token" in text) is not cls
+        g = patch_grid(model)[0]
+        strip = plot_training_strip(
+            torch.zeros(3, 32, 32, dtype=torch.uint8),
+            torch.rand(2, g, g),
+            torch.rand(2, 2, g, g),
+            labels=["step 1", "step 2"],
+            class_token=cls,
+        )
+        assert ("what the CLS token attends to" in caption(strip)) is cls
+        assert ("the mean of the patch queries" in caption(strip)) is not cls
 
 
 def test_mosaics_place_each_map_and_scale_each_component() -> None:

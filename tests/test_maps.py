@@ -161,6 +161,11 @@ def test_query_map_takes_a_non_square_grid_and_names_a_wrong_one() -> None:
     message = "weights have 6 patch keys, grid (3, 4) needs 12."
     with pytest.raises(ValueError, match=re.escape(message)):
         query_map(w, grid=(3, 4))
+    # a mean-pooled model's maps read with the CLS default: the message names the fix
+    with pytest.raises(
+        ValueError, match=re.escape("pass the model's own (model.num_prefix_tokens")
+    ):
+        query_map(torch.rand(1, 2, 6, 6), grid=(2, 3))
 
 
 def test_query_map_for_cls_and_for_mean_pooling() -> None:

@@ -19,7 +19,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vit-explore",
         description="Write one self-contained HTML page (no server, nothing fetched) to explore "
-        "a model's attention: per layer and head, for any query patch or the CLS token, with "
+        "a model's attention: per layer and head, for any query patch or the pooled query (the "
+        "CLS token, or the mean of the patch queries without one), with "
         "attention rollout, gradient rollout and the class probabilities.",
     )
     p.add_argument("weights", type=Path, help=CHECKPOINT_HELP)

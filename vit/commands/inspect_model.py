@@ -190,8 +190,11 @@ def inspect_run(ns: argparse.Namespace, paths: list[Path]) -> tuple[dict[str, An
     steps = [step for step, _, _ in loaded]
     labels = [f"step {s}" for s in steps]
     patch = loaded[0][2].patch_embed.patch_size
+    has_cls = loaded[0][2].num_prefix_tokens > 0
     figures: dict[str, Any] = {
-        f"strip_{i}": plot_training_strip(images[i], rollouts[i], layers[i], labels=labels)
+        f"strip_{i}": plot_training_strip(
+            images[i], rollouts[i], layers[i], labels=labels, class_token=has_cls
+        )
         for i in range(min(ns.strip_images, len(images)))
     }
     uniform = float(patch_distances(patch_grid(loaded[0][2])).mean())
@@ -222,7 +225,8 @@ def _by_step(paths: list[Path], *, which: str | None) -> list[tuple[int, Path, V
 
 
 def _strip_maps(model: VisionTransformer, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Rollout (B, g, g) and each layer's head-averaged CLS query map (B, L, g, g)."""
+    """Rollout (B, g, g) and each layer's head-averaged pooled-query map (B, L, g, g): the CLS
+    row, or the mean of the patch rows without a CLS token."""
     grid, prefix = patch_grid(model), model.num_prefix_tokens
     with torch.inference_mode():
         maps = attention_maps(model, x)[1]

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vit-visualize",
-        description="Write PNGs of attention rollout overlays, per-head CLS maps of one layer, "
+        description="Write PNGs of attention rollout overlays, per-head maps of one layer's "
+        "pooled query (the CLS token, or the mean of the patch queries without one), "
         "and a layers x heads grid, for N dataset images or the image files given.",
     )
     p.add_argument("checkpoint", type=Path, help=CHECKPOINT_HELP)

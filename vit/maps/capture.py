@@ -39,7 +39,9 @@ def query_map(weights: Tensor, *, grid: tuple[int, int], num_prefix_tokens: int 
     keys = weights[..., num_prefix_tokens:]  # (..., N, P)
     if keys.shape[-1] != grid[0] * grid[1]:
         raise ValueError(
-            f"weights have {keys.shape[-1]} patch keys, grid {grid} needs {grid[0] * grid[1]}."
+            f"weights have {keys.shape[-1]} patch keys, grid {grid} needs {grid[0] * grid[1]}. "
+            f"With num_prefix_tokens={num_prefix_tokens}; pass the model's own "
+            f"(model.num_prefix_tokens: 1 with a CLS token, 0 without, as with mean pooling)."
         )
     row = (
         keys[..., 0, :] if num_prefix_tokens > 0 else keys[..., num_prefix_tokens:, :].mean(dim=-2)

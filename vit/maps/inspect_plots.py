@@ -59,11 +59,12 @@ def plot_attention_distance(result: AttentionDistance, *, title: str = "") -> Fi
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right", ncols=min(heads, 4))
     ax.set_title(title or "How far each head looks", fontsize=10)
+    keys = "weight on the CLS token left out" if result.prefix_tokens else "no CLS token"
     _caption(
         fig,
         f"Each marker is one head: the distance between a patch and the patches it attends to, "
         f"weighted by attention and averaged over all patch queries of {result.images} images "
-        f"(weight on the CLS token left out). 0 means a head looks only at its own patch; the "
+        f"({keys}). 0 means a head looks only at its own patch; the "
         f"dashed line is a head that looks at every patch equally. After Dosovitskiy et al. "
         f"2020, Fig. 7 (right).",
     )
@@ -158,11 +159,18 @@ def plot_position_similarity(similarity: Tensor, grid: tuple[int, int], *, title
 
 
 def plot_training_strip(
-    image: Tensor, rollouts: Tensor, layers: Tensor, *, labels: list[str], title: str = ""
+    image: Tensor,
+    rollouts: Tensor,
+    layers: Tensor,
+    *,
+    labels: list[str],
+    title: str = "",
+    class_token: bool = True,
 ) -> Figure:
     """One image's attention across checkpoints: rollout overlaid on it (top row), then each
-    layer's CLS query map (heads averaged); a column per checkpoint. rollouts: (K, g, g), layers:
-    (K, L, g, g), both for uint8 `image` (3, H, W)."""
+    layer's pooled-query map (heads averaged: the CLS row, or without `class_token` the mean of
+    the patch rows); a column per checkpoint. rollouts: (K, g, g), layers: (K, L, g, g), both for
+    uint8 `image` (3, H, W)."""
     count, depth = layers.shape[:2]
     fig, axes = _subplots(
         depth + 1, count + 1, figsize=(1.35 * (count + 1), 1.35 * (depth + 1) + 0.9), squeeze=False
@@ -185,10 +193,11 @@ def plot_training_strip(
             ax.set_xticks([])
             ax.set_yticks([])
     fig.suptitle(title or "How attention forms during training", fontsize=10)
+    query = "the CLS token" if class_token else "the mean of the patch queries (no CLS token)"
     _caption(
         fig,
         "Columns: checkpoints of one run, in training order. Top: attention rollout over the "
-        "image (bright = attended). Below: what the CLS token attends to in each layer, heads "
+        f"image (bright = attended). Below: what {query} attends to in each layer, heads "
         "averaged, each map scaled to its own maximum.",
         height=0.1,
     )

@@ -98,7 +98,11 @@ async function main() {
     b.addEventListener("click", () => set({ view: b.dataset.view })));
   const clsButton = document.getElementById("cls-query");
   clsButton.dataset.query = String(CLS);
-  if (!pre) clsButton.textContent = "pooled query (mean of patches)";
+  if (!pre) {
+    clsButton.textContent = "pooled query (mean of patches)";
+    document.getElementById("thumbs-hint").textContent = "(the pooled query: mean of patches; click)";
+    document.getElementById("distance-keys").textContent = "no CLS token: every key is a patch";
+  }
   clsButton.addEventListener("click", () => set({ query: CLS, view: "attention" }));
 
   const overlay = document.getElementById("overlay");
