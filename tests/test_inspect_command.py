@@ -180,7 +180,7 @@ def test_the_captions_say_whether_a_cls_token_was_left_out() -> None:
         (VisionTransformer(**TINY, class_token=False, global_pool="avg"), False),
     ]:
         distance = mean_attention_distance(model, x)
-        assert distance.prefix_tokens == int(cls)
+        assert distance.num_prefix_tokens == int(cls)
         text = caption(plot_attention_distance(distance))
         assert ("weight on the CLS token left out" in text) is cls
         assert ("no CLS token" in text) is not cls
@@ -190,7 +190,7 @@ def test_the_captions_say_whether_a_cls_token_was_left_out() -> None:
             torch.rand(2, g, g),
             torch.rand(2, 2, g, g),
             labels=["step 1", "step 2"],
-            class_token=cls,
+            num_prefix_tokens=int(cls),
         )
         assert ("what the CLS token attends to" in caption(strip)) is cls
         assert ("the mean of the patch queries" in caption(strip)) is not cls

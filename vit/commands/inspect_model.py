@@ -189,11 +189,10 @@ def inspect_run(ns: argparse.Namespace, paths: list[Path]) -> tuple[dict[str, An
     rollouts, layers = torch.stack(rollouts, 1), torch.stack(layers, 1)  # (B, K, ...)
     steps = [step for step, _, _ in loaded]
     labels = [f"step {s}" for s in steps]
-    patch = loaded[0][2].patch_embed.patch_size
-    has_cls = loaded[0][2].num_prefix_tokens > 0
+    patch, prefix = loaded[0][2].patch_embed.patch_size, loaded[0][2].num_prefix_tokens
     figures: dict[str, Any] = {
         f"strip_{i}": plot_training_strip(
-            images[i], rollouts[i], layers[i], labels=labels, class_token=has_cls
+            images[i], rollouts[i], layers[i], labels=labels, num_prefix_tokens=prefix
         )
         for i in range(min(ns.strip_images, len(images)))
     }

@@ -59,7 +59,7 @@ def plot_attention_distance(result: AttentionDistance, *, title: str = "") -> Fi
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right", ncols=min(heads, 4))
     ax.set_title(title or "How far each head looks", fontsize=10)
-    keys = "weight on the CLS token left out" if result.prefix_tokens else "no CLS token"
+    keys = "weight on the CLS token left out" if result.num_prefix_tokens else "no CLS token"
     _caption(
         fig,
         f"Each marker is one head: the distance between a patch and the patches it attends to, "
@@ -165,11 +165,11 @@ def plot_training_strip(
     *,
     labels: list[str],
     title: str = "",
-    class_token: bool = True,
+    num_prefix_tokens: int = 1,
 ) -> Figure:
     """One image's attention across checkpoints: rollout overlaid on it (top row), then each
-    layer's pooled-query map (heads averaged: the CLS row, or without `class_token` the mean of
-    the patch rows); a column per checkpoint. rollouts: (K, g, g), layers: (K, L, g, g), both for
+    layer's pooled-query map (heads averaged: the CLS row, or with `num_prefix_tokens=0` the mean
+    of the patch rows); a column per checkpoint. rollouts: (K, g, g), layers: (K, L, g, g), both for
     uint8 `image` (3, H, W)."""
     count, depth = layers.shape[:2]
     fig, axes = _subplots(
@@ -193,7 +193,7 @@ def plot_training_strip(
             ax.set_xticks([])
             ax.set_yticks([])
     fig.suptitle(title or "How attention forms during training", fontsize=10)
-    query = "the CLS token" if class_token else "the mean of the patch queries (no CLS token)"
+    query = "the CLS token" if num_prefix_tokens else "the mean of the patch queries (no CLS token)"
     _caption(
         fig,
         "Columns: checkpoints of one run, in training order. Top: attention rollout over the "

@@ -60,7 +60,7 @@ class AttentionDistance:
     patch_size: int  # pixels per patch side: pixels = patches * patch_size
     uniform: float  # in patches: a head attending evenly to all patches (the grid's mean distance)
     images: int
-    prefix_tokens: int = 1  # keys left out: 1 for a CLS token, 0 for a mean-pooled model
+    num_prefix_tokens: int = 1  # keys left out: 1 for a CLS token, 0 for a mean-pooled model
 
     @property
     def pixels(self) -> Tensor:
@@ -95,7 +95,7 @@ def mean_attention_distance(
         patch_size=model.patch_embed.patch_size,
         uniform=float(patch_distances(grid).mean()),
         images=b,
-        prefix_tokens=prefix,
+        num_prefix_tokens=prefix,
     )
 
 
