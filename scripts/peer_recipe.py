@@ -17,6 +17,10 @@ Ours: `vit-train -c experiments/cpu60.yaml` with the TimeBudget at --ours-minute
 `--test_after_fit true`, which scores the last checkpoint (no validation split: `data.val_size:
 0`); a --config that holds images out validates every minute and scores its best checkpoint.
 Writes experiments/record/benchmarks/<name>.{json,md}.
+
+--peer-from takes the peer's side from an earlier run's json on the same kind of machine instead of
+training it again (the report names that run); the two sides then ran on different days, so the
+machine's pace may differ between them.
 """
 
 from __future__ import annotations
@@ -167,8 +171,32 @@ def read_metrics(lines: list[str]) -> dict:
     return {"steps": steps, "test_acc": test[-1], "best_val_acc": max(val) if val else None}
 
 
+def load_peer(path: Path, dtype: str) -> dict:
+    """The peer's side of an earlier run's json, refused unless it trained in `dtype` (a bf16 peer
+    against a float32 fit, or back, compares the arithmetic, not the recipes)."""
+    try:
+        earlier = json.loads(path.read_text())
+        peer, minutes = earlier["peer"], float(earlier["peer_minutes"])
+        trained = peer["steps"] > 0 and bool(peer["curve"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"--peer-from {path}: not a peer_recipe.py json with the peer's fit "
+                         f"({err}); give one that experiments/record/benchmarks holds, e.g. "
+                         "peer-recipe-amx.json") from err  # fmt: skip
+    if not trained:
+        raise ValueError(f"--peer-from {path}: its peer did not train (--skip peer there); give a "
+                         "json whose peer ran")  # fmt: skip
+    if earlier.get("dtype") != dtype:
+        raise ValueError(f"--peer-from {path}: its peer trained in {earlier.get('dtype')}, this "
+                         f"run trains in {dtype}; take a peer of the same precision, or drop "
+                         "--peer-from to train the peer here")  # fmt: skip
+    source = {k: earlier.get(k) for k in ("date", "cpu", "flags")}
+    return {"peer": peer, "peer_minutes": minutes, "peer_from": {"file": path.name, **source}}
+
+
 def markdown(result: dict) -> str:
     peer, ours = result["peer"], result["ours"]
+    if not peer["steps"]:  # --skip peer: nothing to compare against
+        peer = {**peer, "test_acc": float("nan")}
     # the peer scores at the first step past each mark, so its 4-minute score reads 4.02 min: the
     # point nearest our budget, if within 5% of it
     budget = result["ours_minutes"]
@@ -201,6 +229,12 @@ def markdown(result: dict) -> str:
         f"({'reached' if ours['test_acc'] >= peer['test_acc'] else 'not reached'}); "
         + (f"the peer at {near['minutes']:.1f} min had {near['test_acc']:.2%}." if near else ""),
     ]
+    if not peer["steps"]:
+        lines[-1] = "The peer was not run (--skip peer): nothing to compare ours against."
+    elif source := result.get("peer_from"):
+        lines += ["", f"The peer's side is {source['file']}'s fit ({source['date']}, "
+                  f"{source['cpu']}, {' '.join(source['flags'] or [])}), not trained in this run: "
+                  "the machine's pace may differ between the two days."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -212,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", type=Path, default=REPO / "experiments" / "cpu60.yaml")
     p.add_argument("--skip", choices=["peer", "ours"], default=None, help="run one side only")
+    p.add_argument("--peer-from", type=Path, default=None,
+                   help="take the peer's fit from an earlier run's json instead of training it")  # fmt: skip
     p.add_argument(
         "--name", default=None, help="write experiments/record/benchmarks/NAME.{json,md}"
     )
@@ -224,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--config {ns.config} is not a file; give a vit-train config, e.g. "
                 "experiments/cpu60.yaml")  # fmt: skip
     dtype = torch.bfloat16 if cpu_has_fast_bf16() else None
+    earlier = None
+    if ns.peer_from is not None:
+        if ns.skip is not None:
+            p.error("--peer-from takes the peer from a file and runs ours: drop --skip")
+        try:  # before our minutes, not after
+            earlier = load_peer(ns.peer_from, "bf16-mixed" if dtype else "float32")
+        except ValueError as err:
+            p.error(str(err))
     empty = {"steps": 0, "test_acc": float("nan"), "best_val_acc": float("nan"), "curve": []}
     result = {
         "command": "python scripts/peer_recipe.py "
@@ -236,11 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         "seed": ns.seed,
         "peer_minutes": ns.minutes,
         "ours_minutes": ns.ours_minutes,
-        "peer": empty
-        if ns.skip == "peer"
-        else train_peer(ns.minutes, ns.eval_every, ns.seed, dtype),
-        "ours": empty if ns.skip == "ours" else train_ours(ns.ours_minutes, ns.seed, ns.config),
     }
+    if earlier is not None:
+        result.update(earlier)
+    else:
+        result["peer"] = (empty if ns.skip == "peer"
+                          else train_peer(ns.minutes, ns.eval_every, ns.seed, dtype))  # fmt: skip
+    result["ours"] = empty if ns.skip == "ours" else train_ours(ns.ours_minutes, ns.seed, ns.config)
     print(markdown(result))
     if ns.name:
         out = REPO / "experiments" / "record" / "benchmarks" / ns.name

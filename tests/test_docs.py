@@ -97,3 +97,12 @@ def test_link_finder_reads_markdown_as_written():
         "`[not](a-link.md)`\n```\n[also not](b.md)\n```\n"
     )
     assert relative_links(text) == ["docs/recipe.md#design", "results/x/curve.png", "a.png"]
+
+
+def test_readme_stays_within_12_kb():
+    # 12 KB read strictly (12,000 bytes, not 12,288): evidence and history belong in the record
+    size = len((REPO / "README.md").read_bytes())
+    assert size <= 12_000, (
+        f"README.md is {size:,} bytes, over the 12,000 it may hold; move detail to docs/ or "
+        "experiments/record/ and link to it"
+    )

@@ -4,6 +4,7 @@ step timer, the peer's schedule, fit and report."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,76 @@ def test_non_positive_minutes_are_refused(flag: str, capsys: pytest.CaptureFixtu
         peer.main([flag, "0"])
     assert exit_info.value.code == 2
     assert f"{flag} must be a positive number of minutes, got 0.0" in capsys.readouterr().err
+
+
+def test_the_peer_from_an_earlier_run_is_named_and_not_trained_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    earlier = tmp_path / "peer-recipe-here.json"
+    earlier.write_text(json.dumps(_result(0.60, 0.65)))  # float32, as this run is told below
+
+    def never(*_: object, **__: object) -> dict:
+        raise AssertionError("the peer trained although --peer-from gave its fit")
+
+    monkeypatch.setattr(peer, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(peer, "train_peer", never)
+    monkeypatch.setattr(
+        peer, "train_ours", lambda *_: {"steps": 9, "test_acc": 0.7, "best_val_acc": None}
+    )
+    monkeypatch.setattr(peer, "REPO", tmp_path)  # where --name writes
+    (tmp_path / "experiments" / "record" / "benchmarks").mkdir(parents=True)
+    config = str(REPO / "experiments" / "cpu60.yaml")
+    assert peer.main(["--peer-from", str(earlier), "--config", config, "--name", "out"]) == 0
+    written = json.loads((tmp_path / "experiments/record/benchmarks/out.json").read_text())
+    assert written["peer"]["test_acc"] == 0.65 and written["peer_minutes"] == 20.0  # the file's
+    assert written["peer_from"] == {"file": earlier.name, "date": "2026-11-29", "cpu": "cpu",
+                                    "flags": ["avx2"]}  # fmt: skip
+    text = (tmp_path / "experiments/record/benchmarks/out.md").read_text()
+    assert "+5.00% (reached)" in text
+    assert f"The peer's side is {earlier.name}'s fit (2026-11-29, cpu, avx2), not trained" in text
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda r: r.update(dtype="bf16-mixed"),
+            "its peer trained in bf16-mixed, this run trains in float32",
+        ),
+        (lambda r: r["peer"].update(steps=0, curve=[]), "its peer did not train"),
+        (lambda r: r.pop("peer"), "not a peer_recipe.py json"),
+    ],
+)
+def test_a_peer_from_a_run_that_does_not_compare_is_refused_before_ours_trains(
+    change: Callable[[dict], object],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    result = _result(0.60, 0.65)
+    change(result)
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(result))
+
+    def never(*_: object, **__: object) -> dict:
+        raise AssertionError("ours trained before the peer's file was checked")
+
+    monkeypatch.setattr(peer, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(peer, "train_ours", never)
+    with pytest.raises(SystemExit) as exit_info:
+        peer.main(["--peer-from", str(earlier)])
+    assert exit_info.value.code == 2
+    assert f"--peer-from {earlier}: {message}" in capsys.readouterr().err
+
+
+def test_a_report_without_the_peer_says_there_is_nothing_to_compare() -> None:
+    result = _result(0.70, 0.65)
+    result["peer"] = {
+        "steps": 0,
+        "test_acc": float("nan"),
+        "best_val_acc": float("nan"),
+        "curve": [],
+    }
+    text = peer.markdown(result)
+    assert "The peer was not run (--skip peer)" in text and "reached" not in text
