@@ -240,7 +240,7 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--minutes", type=float, default=20.0, help="the peer's budget")
+    p.add_argument("--minutes", type=float, default=None, help="the peer's budget (20)")
     p.add_argument("--ours-minutes", type=float, default=4.0, help="our recipe's budget")
     p.add_argument("--eval-every", type=float, default=2.0, help="minutes between peer scores")
     p.add_argument("--seed", type=int, default=0)
@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         "--name", default=None, help="write experiments/record/benchmarks/NAME.{json,md}"
     )
     ns = p.parse_args(argv)
+    given_minutes = ns.minutes
+    ns.minutes = 20.0 if ns.minutes is None else ns.minutes
     for name, value in (("--minutes", ns.minutes), ("--ours-minutes", ns.ours_minutes),
                         ("--eval-every", ns.eval_every)):  # fmt: skip
         if not value > 0:
@@ -268,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
             earlier = load_peer(ns.peer_from, "bf16-mixed" if dtype else "float32")
         except ValueError as err:
             p.error(str(err))
+        if given_minutes is not None and given_minutes != earlier["peer_minutes"]:
+            p.error(f"--minutes {given_minutes:g}, but the peer in {ns.peer_from} trained "
+                    f"{earlier['peer_minutes']:g} minutes; drop --minutes (the file gives it)")  # fmt: skip
     empty = {"steps": 0, "test_acc": float("nan"), "best_val_acc": float("nan"), "curve": []}
     result = {
         "command": "python scripts/peer_recipe.py "

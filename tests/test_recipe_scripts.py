@@ -269,3 +269,16 @@ def test_a_report_without_the_peer_says_there_is_nothing_to_compare() -> None:
     }
     text = peer.markdown(result)
     assert "The peer was not run (--skip peer)" in text and "reached" not in text
+
+
+def test_a_peer_from_a_run_of_another_length_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(_result(0.60, 0.65)))  # the peer trained 20 minutes
+    monkeypatch.setattr(peer, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(peer, "train_ours", lambda *_: pytest.fail("ours trained"))
+    with pytest.raises(SystemExit) as exit_info:
+        peer.main(["--peer-from", str(earlier), "--minutes", "30"])
+    assert exit_info.value.code == 2
+    assert f"--minutes 30, but the peer in {earlier} trained 20 minutes" in capsys.readouterr().err
