@@ -195,8 +195,6 @@ def load_peer(path: Path, dtype: str) -> dict:
 
 def markdown(result: dict) -> str:
     peer, ours = result["peer"], result["ours"]
-    if not peer["steps"]:  # --skip peer: nothing to compare against
-        peer = {**peer, "test_acc": float("nan")}
     # the peer scores at the first step past each mark, so its 4-minute score reads 4.02 min: the
     # point nearest our budget, if within 5% of it
     budget = result["ours_minutes"]
@@ -262,12 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--config {ns.config} is not a file; give a vit-train config, e.g. "
                 "experiments/cpu60.yaml")  # fmt: skip
     dtype = torch.bfloat16 if cpu_has_fast_bf16() else None
+    precision = "bf16-mixed" if dtype else "float32"
     earlier = None
     if ns.peer_from is not None:
         if ns.skip is not None:
             p.error("--peer-from takes the peer from a file and runs ours: drop --skip")
         try:  # before our minutes, not after
-            earlier = load_peer(ns.peer_from, "bf16-mixed" if dtype else "float32")
+            earlier = load_peer(ns.peer_from, precision)
         except ValueError as err:
             p.error(str(err))
         if given_minutes is not None and given_minutes != earlier["peer_minutes"]:
@@ -281,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_name(),
         "flags": sorted(vector_flags()),
         "torch": torch.__version__,
-        "dtype": "bf16-mixed" if dtype else "float32",
+        "dtype": precision,
         "seed": ns.seed,
         "peer_minutes": ns.minutes,
         "ours_minutes": ns.ours_minutes,

@@ -144,6 +144,15 @@ def test_report_without_validation_names_the_last_checkpoint() -> None:
     assert "the last checkpoint" in text and "best val" not in text and "(reached)" in text
 
 
+def _never(message: str) -> Callable[..., dict]:
+    """A stand-in for a fit that must not run: it fails the test with `message`."""
+
+    def fit(*_: object, **__: object) -> dict:
+        raise AssertionError(message)
+
+    return fit
+
+
 def _result(ours: float, peer_acc: float) -> dict:
     curve = [{"minutes": m, "steps": 10 * m, "test_acc": peer_acc * m / 20} for m in (2, 4, 20)]
     return {
@@ -180,10 +189,9 @@ def test_report_takes_the_peer_s_score_at_our_budget_from_the_step_past_its_mark
 def test_a_missing_config_is_refused_before_the_peer_trains(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    def never(*_: object, **__: object) -> dict:
-        raise AssertionError("the peer trained before the config was checked")
-
-    monkeypatch.setattr(peer, "train_peer", never)
+    monkeypatch.setattr(
+        peer, "train_peer", _never("the peer trained before the config was checked")
+    )
     with pytest.raises(SystemExit) as exit_info:
         peer.main(["--config", str(tmp_path / "nope.yaml")])
     assert exit_info.value.code == 2
@@ -204,11 +212,8 @@ def test_the_peer_from_an_earlier_run_is_named_and_not_trained_again(
     earlier = tmp_path / "peer-recipe-here.json"
     earlier.write_text(json.dumps(_result(0.60, 0.65)))  # float32, as this run is told below
 
-    def never(*_: object, **__: object) -> dict:
-        raise AssertionError("the peer trained although --peer-from gave its fit")
-
     monkeypatch.setattr(peer, "cpu_has_fast_bf16", lambda: False)
-    monkeypatch.setattr(peer, "train_peer", never)
+    monkeypatch.setattr(peer, "train_peer", _never("the peer trained although --peer-from gave it"))
     monkeypatch.setattr(
         peer, "train_ours", lambda *_: {"steps": 9, "test_acc": 0.7, "best_val_acc": None}
     )
@@ -247,12 +252,10 @@ def test_a_peer_from_a_run_that_does_not_compare_is_refused_before_ours_trains(
     change(result)
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps(result))
-
-    def never(*_: object, **__: object) -> dict:
-        raise AssertionError("ours trained before the peer's file was checked")
-
     monkeypatch.setattr(peer, "cpu_has_fast_bf16", lambda: False)
-    monkeypatch.setattr(peer, "train_ours", never)
+    monkeypatch.setattr(
+        peer, "train_ours", _never("ours trained before the peer's file was checked")
+    )
     with pytest.raises(SystemExit) as exit_info:
         peer.main(["--peer-from", str(earlier)])
     assert exit_info.value.code == 2
@@ -277,7 +280,7 @@ def test_a_peer_from_a_run_of_another_length_is_refused(
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps(_result(0.60, 0.65)))  # the peer trained 20 minutes
     monkeypatch.setattr(peer, "cpu_has_fast_bf16", lambda: False)
-    monkeypatch.setattr(peer, "train_ours", lambda *_: pytest.fail("ours trained"))
+    monkeypatch.setattr(peer, "train_ours", _never("ours trained before --minutes was checked"))
     with pytest.raises(SystemExit) as exit_info:
         peer.main(["--peer-from", str(earlier), "--minutes", "30"])
     assert exit_info.value.code == 2
