@@ -3,6 +3,7 @@
     python scripts/mutation_diffs.py check       # rows whose mutation is not the one recorded
     python scripts/mutation_diffs.py check --write   # ... kept in refused.tsv
     python scripts/mutation_diffs.py backfill    # a diff for rows recorded without one
+    python scripts/mutation_diffs.py rekey       # rows whose mutant mutmut renumbered, renamed
 
 mutmut names a mutant by its function and its place in that function's list
 (`vit.data.augment.x_mix_batch__mutmut_101`) and renumbers the list when the function changes, so
@@ -242,12 +243,42 @@ def check(write: bool = False, checked: Path = CHECKED, reviewed: Path = REVIEWE
     return len(refused)
 
 
+def rekey(checked: Path = CHECKED, reviewed: Path = REVIEWED) -> int:
+    """Rows whose mutant mutmut renumbered: where the row's mutation (its diff key) is now the
+    mutant of one other name in the same function, the row takes that name; the verdict judged
+    that very mutation. Rows that match no current mutant stay refused. The number renamed."""
+    rows = {checked: read_rows(checked), reviewed: read_rows(reviewed)}
+    now = current_diffs(sorted({module_path(r[0]) for rs in rows.values() for r in rs}))
+    by_key: dict[tuple[str, str], list[str]] = {}
+    for name, d in now.items():
+        by_key.setdefault((name.rsplit("__mutmut_", 1)[0], d.key), []).append(name)
+    renamed = 0
+    for path, header in ((checked, CHECKED_HEADER), (reviewed, REVIEWED_HEADER)):
+        key_column = len(header) - 2
+        taken = {r[0] for r in rows[path] if not refusal(r, key_column, now)}
+        for row in rows[path]:
+            if refusal(row, key_column, now) != "another mutation now" and row[0] in now:
+                continue
+            if not (key := (row + [""] * len(header))[key_column].strip()):
+                continue
+            names = by_key.get((row[0].rsplit("__mutmut_", 1)[0], key), [])
+            if len(names) == 1 and names[0] not in taken:
+                print(f"{path.name}: {row[0]} -> {names[0]} ({row[1]})")
+                row[0] = names[0]
+                taken.add(names[0])
+                renamed += 1
+        write_rows(path, header, rows[path])
+    print(f"{renamed} rows renamed")
+    return renamed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("action", choices=["check", "backfill"])
+    parser.add_argument("action", choices=["check", "backfill", "rekey"])
     parser.add_argument("--write", action="store_true", help=f"check: add to {REFUSED.name}")
     args = parser.parse_args()
-    backfill() if args.action == "backfill" else check(args.write)
+    actions = {"check": lambda: check(args.write), "backfill": backfill, "rekey": rekey}
+    actions[args.action]()
 
 
 if __name__ == "__main__":

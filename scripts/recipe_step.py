@@ -98,7 +98,7 @@ def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None)
         from vit.train.muon import iteration_dtype
 
         optimizer.ns_dtype = iteration_dtype(module.model.parameters())
-        optimizer.one_stack = False
+        optimizer.one_stack = variant == "one-stack"  # every shape in one padded stack
     from vit.data.augment import TrainAugment
     from vit.data.datasets import preprocess
 
@@ -107,9 +107,11 @@ def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None)
     module.model.set_dynamic_img_size(True)
     module.train()
     network = module.model
-    if variant == "compiled-step":  # the network compiled, and the optimizer's step as written
+    if variant == "compiled-step":  # the network compiled, and the optimizer's arithmetic
         network = torch.compile(module.model, dynamic=False)
-        optimizer.step = torch.compile(optimizer.step, dynamic=False)
+        optimizer.compiled = True  # optimizer.compile: true (MuonAdamW's compiled update)
+    elif variant == "compiled-optimizer":  # the optimizer's arithmetic only
+        optimizer.compiled = True
     elif variant.startswith("compiled"):  # compiled or compiled-MODE (max-autotune, ...)
         mode = variant.removeprefix("compiled").removeprefix("-") or None
         network = torch.compile(module.model, dynamic=False, mode=mode)
@@ -156,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=None, help="default: the config's batch_size")
     p.add_argument("--variants", nargs="+", default=["baseline", "compiled", "ema-every-4"],
                    help="baseline, compiled (the network under torch.compile), compiled-step (the "
-                   "optimizer's step too), compiled-MODE "
+                   "optimizer's update too: optimizer.compile), compiled-optimizer (the update "
+                   "only), one-stack (Muon's shapes in one padded stack, as on a GPU), compiled-MODE "
                    "(max-autotune, ...), ema-every-K, batch-N, or KEY.PATH=VALUE (one config setting "
                    "changed, e.g. model.network.mlp_ratio=4)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)

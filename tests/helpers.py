@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from vit.model.attention import Attention
 from vit.model.vision_transformer import VisionTransformer
+from vit.train.muon import NS_COEFFICIENTS
 
 if TYPE_CHECKING:
     from vit.train.datamodule import CIFAR10DataModule
@@ -101,6 +102,26 @@ def sum_tol(dtype: torch.dtype, k: int, scale: float | torch.Tensor = 1.0) -> fl
     k * eps / 2 of the exact one times `scale`, the terms' magnitudes added up (the textbook worst
     case; typical errors are nearer sqrt(k) * eps / 2), so two are within k * eps * scale."""
     return torch.finfo(dtype).eps * k * float(torch.as_tensor(scale).detach())
+
+
+def ns_tol(dtype: torch.dtype, m: int, n: int, scale: float = 1.0, *, steps: int = 5) -> float:
+    """Newton-Schulz on an m x n matrix (m <= n) against another order of its sums, relative to
+    the result's entries (`scale`: their largest; at most 1, the spectral norm): each step sums n
+    terms, then 4 m at most (the loop 2 m, the Gram form 4 m), and a step grows an earlier error
+    by up to the iteration's slope at zero, a."""
+    a = NS_COEFFICIENTS[0]
+    return sum_tol(dtype, n + 4 * m, scale) * (a**steps - 1) / (a - 1)
+
+
+def mixed_groups(model: torch.nn.Sequential) -> list[dict]:
+    """For nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8)): a qkv-like matrix (a split Muon
+    group), a plain one, and AdamW groups at two learning rates (stepped apart)."""
+    return [
+        {"params": [model[0].weight], "use_muon": True, "split": 3},
+        {"params": [model[1].weight], "use_muon": True},
+        {"params": [model[0].bias], "weight_decay": 0.0},
+        {"params": [model[1].bias], "weight_decay": 0.0, "lr": 3e-3},
+    ]
 
 
 def forward_sums(model: VisionTransformer) -> int:

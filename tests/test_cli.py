@@ -185,19 +185,30 @@ def test_a_float32_override_s_compile_is_left_out_where_no_cpp_compiler_builds_i
     caplog: pytest.LogCaptureFixture,
     compiler: bool,
 ) -> None:
-    """cpu60.yaml's overrides compile the network where the CPU trains in float32; on a machine
-    without a C++ compiler the fit trains eager, saying why, instead of failing at its start."""
+    """cpu60.yaml's overrides compile the network where the CPU trains in float32 (and may
+    compile the optimizer's update); on a machine without a C++ compiler the fit trains eager,
+    saying why, instead of failing at its start."""
     if compiler:
         monkeypatch.setattr("vit.commands.float32_overrides.check_cpp_compiler", lambda: None)
     else:
         monkeypatch.setenv("CXX", "no-such-c++-compiler")
-    override = "--float32_overrides={model: {network: {drop_path_rate: 0.0}, torch_compile: true}}"
+    override = (
+        "--float32_overrides={model: {network: {drop_path_rate: 0.0}, torch_compile: true, "
+        "optimizer: {compile: true}}}"
+    )
     cli = _cli_on(
-        monkeypatch, False, image_tree, tmp_path, "--trainer.precision=bf16-mixed", override
+        monkeypatch,
+        False,
+        image_tree,
+        tmp_path,
+        "--trainer.precision=bf16-mixed",
+        "--model.optimizer.name=muon",
+        override,
     )
     assert cli.config.model.torch_compile is compiler
+    assert cli.config.model.optimizer.compile is compiler
     assert cli.config.model.network.drop_path_rate == 0.0  # the other override still applies
-    left_out = "model.torch_compile left out" in caplog.text
+    left_out = "model.torch_compile, model.optimizer.compile left out" in caplog.text
     assert left_out is not compiler
     if left_out:
         assert "no-such-c++-compiler" in caplog.text and "install one" in caplog.text

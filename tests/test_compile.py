@@ -1,6 +1,7 @@
 """What torch.compile sees of the network: one graph and no graph break in every shape the
 curricula use (gpu8.yaml's network: SPT, LSA, learned positions; 32 px, 16 px with patch drop,
-evaluation). A break would split the compiled step and add launches and host work."""
+evaluation). A break would split the compiled step and add launches and host work. The same of
+the optimizer's update (optimizer.compile), whatever the schedule does to the learning rate."""
 
 from __future__ import annotations
 
@@ -9,10 +10,19 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from tests.helpers import REPO
+from tests.helpers import (
+    REPO,
+    mixed_groups,
+    ns_tol,
+    quiet_trainer,
+    random_loader,
+    sum_tol,
+    tiny_classifier,
+)
 from vit.data.augment import TrainAugment
 from vit.data.datasets import preprocess
 from vit.model.config import NetworkConfig
+from vit.train.muon import MuonAdamW
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +93,65 @@ def test_the_compiled_augmentation_gives_the_eager_images() -> None:
     for seed in range(3):
         out = compiled(x, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(out, eager(x, generator=torch.Generator().manual_seed(seed))), seed
+
+
+@pytest.mark.compiles
+def test_the_compiled_step_is_the_eager_arithmetic_in_one_graph_whatever_the_lr() -> None:
+    """optimizer.compile: three steps at a new learning rate each (as the schedule sets them),
+    with new gradient tensors each (as after zero_grad), land where the eager steps do, compile
+    one graph and no more, and leave the state dict's learning rates numbers (a checkpoint reads
+    the same either way)."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 24), torch.nn.Linear(24, 8))
+    twin = torch.nn.Sequential(torch.nn.Linear(8, 24), torch.nn.Linear(24, 8))
+    twin.load_state_dict(model.state_dict())
+    kwargs = dict(lr=1e-2, weight_decay=0.1, ns_dtype=torch.float32)
+    eager = MuonAdamW(mixed_groups(model), **kwargs)
+    compiled = MuonAdamW(mixed_groups(twin), compiled=True, **kwargs)
+    torch._dynamo.reset()
+    counters.clear()
+    lrs = []
+    for step in range(3):
+        grads = [torch.randn_like(p) for p in model.parameters()]
+        for opt, m in ((eager, model), (compiled, twin)):
+            opt.zero_grad(set_to_none=True)  # as a fit does: the old .grad tensors are freed
+            for p, g in zip(m.parameters(), grads, strict=True):
+                p.grad = g.clone()
+            for group in opt.param_groups:
+                group["lr"] = group.setdefault("peak", group["lr"]) * (1.0 - 0.3 * step)
+            opt.step()
+        lrs.append(compiled.param_groups[0]["lr"])
+    assert len(set(lrs)) == 3  # the schedule moved every step
+    assert counters["stats"]["unique_graphs"] == 1  # no break, no recompile on a new lr
+    # per step: Muon's update is lr x scale x Newton-Schulz (float32 sums in another order, as
+    # fused), the decay rounds the weight; AdamW's six operations round lr, the decay w twice
+    top = max(lrs[0], 3e-3)
+    for (name, a), b in zip(model.named_parameters(), twin.parameters(), strict=True):
+        w = a.detach().abs().max()
+        if a.dim() == 2:
+            m, n = sorted((a.shape[0] // (3 if name == "0.weight" else 1), a.shape[1]))
+            ns = ns_tol(torch.float32, m, n)
+            tol = 3 * (top * 0.2 * n**0.5 * ns + sum_tol(torch.float32, 2, w))
+        else:
+            tol = sum_tol(torch.float32, 6 * 3, top) + sum_tol(torch.float32, 2 * 3, w)
+        torch.testing.assert_close(b, a, atol=tol, rtol=0, msg=name)
+    state = compiled.state_dict()
+    assert all(isinstance(g["lr"], float) for g in state["param_groups"])
+    assert state["param_groups"] == eager.state_dict()["param_groups"]
+
+
+@pytest.mark.compiles
+def test_optimizer_compile_reaches_the_fit_and_its_clock(tmp_path) -> None:
+    """--model.optimizer.compile true: the fit's MuonAdamW compiles its update, and the fit
+    counts as compiling (TimeBudget takes its first step off the clock)."""
+    torch.manual_seed(0)
+    module = tiny_classifier(optimizer={"name": "muon", "compile": True})
+    start = {n: p.detach().clone() for n, p in module.named_parameters()}
+    trainer = quiet_trainer(tmp_path, max_steps=2, max_epochs=1)
+    trainer.fit(module, random_loader(32))
+    opt = trainer.optimizers[0]
+    assert isinstance(opt, MuonAdamW) and opt.compiled and opt._compiled_update is not None
+    assert module.compiles_in_fit
+    assert all((p - start[n]).abs().max() > 0 for n, p in module.named_parameters())

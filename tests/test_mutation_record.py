@@ -103,6 +103,28 @@ def test_an_edit_that_renumbers_a_functions_mutants_voids_their_rows() -> None:
     assert edited["pkg.mod.x_scale__mutmut_7"].key == before[last].key
 
 
+def test_rekey_gives_a_renumbered_mutation_its_new_name_and_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mutation_diffs.py rekey`: a row whose exact mutation now goes by another name takes it;
+    a row whose mutation the edit changed keeps its name and stays refused."""
+    before = mutants(SCALE)
+    edited = mutants(SCALE.replace("if k > 1:", "if k > 1 and x:"))
+    moved, touched = "pkg.mod.x_scale__mutmut_6", "pkg.mod.x_scale__mutmut_5"
+    checked, reviewed = tmp_path / "checked.tsv", tmp_path / "reviewed.tsv"
+    kill = [moved, "killed", "2026-12-01", "abc1234", "tests/", before[moved].key, "- / +"]
+    diffs.write_rows(checked, diffs.CHECKED_HEADER, [kill])
+    rows = [key_row(moved, before[moved].key), key_row(touched, before[touched].key)]
+    diffs.write_rows(reviewed, diffs.REVIEWED_HEADER, rows)
+    monkeypatch.setattr(diffs, "current_diffs", lambda modules: edited)
+    assert diffs.rekey(checked, reviewed) == 2  # the kill and the verdict of the moved one
+    new = "pkg.mod.x_scale__mutmut_7"
+    assert [r[0] for r in diffs.read_rows(checked)] == [new]
+    assert [r[0] for r in diffs.read_rows(reviewed)] == [new, touched]
+    assert diffs.refusal(diffs.read_rows(reviewed)[0], KEY, edited) == ""
+    assert diffs.refusal(diffs.read_rows(reviewed)[1], KEY, edited) == "another mutation now"
+
+
 def _table_script(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
     return load_script("mutation_table")

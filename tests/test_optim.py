@@ -11,23 +11,28 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import quiet_trainer, random_loader, sum_tol, tiny_classifier
+from tests.helpers import (
+    mixed_groups,
+    ns_tol,
+    quiet_trainer,
+    random_loader,
+    sum_tol,
+    tiny_classifier,
+)
 from vit.train import muon as muon_module
 from vit.train.module import ViTClassifier
 from vit.train.muon import MuonAdamW, iteration_dtype, orthogonalize, orthogonalize_stacks
-from vit.train.optim import MuonConfig, OptimizerConfig, check_resume_layout, muon_param_groups
+from vit.train.optim import (
+    MuonConfig,
+    OptimizerConfig,
+    build_optimizer,
+    check_resume_layout,
+    muon_param_groups,
+)
 
 F32 = torch.float32
 A = muon_module.NS_COEFFICIENTS[0]
 GROWTH = (A**5 - 1) / (A - 1)  # 1 + a + ... + a^4: an early step's error grown by the later ones
-
-
-def _ns_tol(dtype: torch.dtype, m: int, n: int, scale: float = 1.0, *, steps: int = 5) -> float:
-    """Newton-Schulz on an m x n matrix (m <= n) against another order of its sums, relative to
-    the result's entries (`scale`: their largest; at most 1, the spectral norm): each step sums n
-    terms, then 4 m at most (the loop 2 m, the Gram form 4 m), and a step grows an earlier error
-    by up to the iteration's slope at zero, a."""
-    return sum_tol(dtype, n + 4 * m, scale) * (A**steps - 1) / (A - 1)
 
 
 @pytest.mark.parametrize("shape", [(8, 24), (24, 8), (16, 16)])
@@ -56,7 +61,7 @@ def test_a_stack_is_orthogonalized_matrix_by_matrix(shape: tuple[int, ...]) -> N
     flat = g.reshape(-1, *shape[-2:])
     alone = torch.stack([orthogonalize(m) for m in flat]).reshape(shape)
     # a stack's products may take other kernels than one matrix's
-    tol = _ns_tol(F32, min(shape[-2:]), max(shape[-2:]), alone.abs().max())
+    tol = ns_tol(F32, min(shape[-2:]), max(shape[-2:]), alone.abs().max())
     torch.testing.assert_close(orthogonalize(g), alone, rtol=0, atol=tol)
 
 
@@ -84,7 +89,7 @@ def test_gram_form_gives_the_loops_iterations(shape: tuple[int, int], monkeypatc
     out = orthogonalize(g)
     assert calls == [1]
     # float32 against float64: each step's sums of n and 4 m terms, grown by the later steps
-    assert (out.double() - loop).abs().max() <= _ns_tol(F32, *sorted(shape), loop.abs().max())
+    assert (out.double() - loop).abs().max() <= ns_tol(F32, *sorted(shape), loop.abs().max())
     orthogonalize(g, dtype=torch.bfloat16)
     assert calls == [1]
 
@@ -103,7 +108,7 @@ def test_below_the_gram_ratio_float32_keeps_the_loop(shape: tuple[int, int], mon
     assert calls == []
     loop = _newton_schulz(g)
     # float32 against float64: each step's sums of n and 2 m terms, grown by the later steps
-    assert (out.double() - loop).abs().max() <= _ns_tol(F32, *sorted(shape), loop.abs().max())
+    assert (out.double() - loop).abs().max() <= ns_tol(F32, *sorted(shape), loop.abs().max())
 
 
 def test_the_iterations_run_in_the_dtype_asked_for() -> None:
@@ -212,7 +217,7 @@ def test_muon_moves_each_matrix_as_it_would_alone_whatever_the_mix_of_shapes() -
             single.step()
     # per step: the decay rounds the weight, and the update (lr x scale <= 0.1 x 0.8) comes
     # from a stack's products, other kernels than one matrix's
-    update_tol = 2 * 0.1 * 0.8 * _ns_tol(F32, 8, 16)
+    update_tol = 2 * 0.1 * 0.8 * ns_tol(F32, 8, 16)
     for p, q in zip(mixed + split, alone, strict=True):
         tol = update_tol + sum_tol(F32, 2 * 2, q.abs().max())
         torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=tol)
@@ -269,7 +274,7 @@ def test_padded_stacks_are_each_stacks_own_orthogonalization() -> None:
     for a, t, s in zip(alone, together, stacks, strict=True):
         assert t.shape == s.shape and t.dtype == s.dtype
         # zero padding adds exact zeros, but the padded products may sum in another order
-        torch.testing.assert_close(t, a, rtol=0, atol=_ns_tol(torch.float64, 8, 16, a.abs().max()))
+        torch.testing.assert_close(t, a, rtol=0, atol=ns_tol(torch.float64, 8, 16, a.abs().max()))
         assert torch.equal(a, orthogonalize(s, dtype=torch.float64))  # the same call
     mixed = [stacks[0], stacks[1].float()]
     for a, m in zip(orthogonalize_stacks(mixed, padded=True), mixed, strict=True):
@@ -285,7 +290,7 @@ def test_stacks_take_the_steps_asked_for_and_two_already_share_one_iteration() -
     for padded in (False, True):
         out = orthogonalize_stacks(stacks, steps=2, dtype=torch.float64, padded=padded)
         for o, s in zip(out, stacks, strict=True):
-            tol = _ns_tol(torch.float64, 8, 8, steps=2)  # padded: sums in another order
+            tol = ns_tol(torch.float64, 8, 8, steps=2)  # padded: sums in another order
             torch.testing.assert_close(
                 o, orthogonalize(s, steps=2, dtype=torch.float64), rtol=0, atol=tol
             )
@@ -350,7 +355,7 @@ def test_muon_steps_by_the_orthogonalized_momentum_and_decays() -> None:
     w = nn.Parameter(torch.randn(8, 16))
     lr, decay, mu, scale = 0.1, 0.5, 0.9, 0.2 * 16**0.5
     # per step: float32 Newton-Schulz against float64, lr x scale of it, and the decay rounds w
-    tol = 3 * (lr * scale * _ns_tol(F32, 8, 16) + sum_tol(F32, 2, w.detach().abs().max()))
+    tol = 3 * (lr * scale * ns_tol(F32, 8, 16) + sum_tol(F32, 2, w.detach().abs().max()))
     opt = MuonAdamW(
         [{"params": [w], "use_muon": True}],
         lr=lr,
@@ -392,7 +397,7 @@ def test_a_split_group_orthogonalizes_each_block_of_rows_on_its_own() -> None:
     # each 4 x 4 block by its own orthogonal matrix, scaled for a 4 x 4 matrix (not 12 x 4)
     blocks = [orthogonalize(g) for g in w.grad.split(4)]
     # a stack of blocks against one by one (other kernels), then w minus lr x scale of it
-    tol = 0.1 * 0.2 * 4**0.5 * _ns_tol(F32, 4, 4) + sum_tol(F32, 2, start.abs().max())
+    tol = 0.1 * 0.2 * 4**0.5 * ns_tol(F32, 4, 4) + sum_tol(F32, 2, start.abs().max())
     expected = start - 0.1 * 0.2 * 4**0.5 * torch.cat(blocks)
     torch.testing.assert_close(w.detach(), expected, rtol=0, atol=tol)
     joint = orthogonalize(w.grad)  # what split 1 would do: a different update
@@ -460,7 +465,7 @@ def test_muon_patch_embed_puts_the_patch_projection_in_muon_and_trains(
     expected = start * (1 - lr * group["weight_decay"]) - lr * scale * update
     # the look-ahead is two lerps there, one product here: inputs a few roundings apart, which
     # the iterations grow as they grow their own; then the decay and the step round the weight
-    update_tol = _ns_tol(F32, *sorted(flat.shape)) + sum_tol(F32, 4) * GROWTH
+    update_tol = ns_tol(F32, *sorted(flat.shape)) + sum_tol(F32, 4) * GROWTH
     tol = lr * scale * update_tol + sum_tol(F32, 3, start.abs().max())
     torch.testing.assert_close(weight.detach(), expected, rtol=0, atol=tol)
     with pytest.raises(
@@ -755,6 +760,10 @@ def test_each_bad_optimizer_setting_is_refused_word_for_word() -> None:
         "optimizer.muon.ns_steps=0: expected a whole number of Newton-Schulz iterations, 1 or "
         "more (Muon's default is 5; fewer are cheaper and less exact)."
     )
+    assert _refusal(compile=True) == (
+        "optimizer.compile compiles Muon-with-AdamW's step (optimizer.name: muon); for adamw, "
+        "optimizer.fused is PyTorch's own fused step."
+    )
     assert _refusal(muon={"patch_embed": True}).endswith(
         "over a config that sets them, such as cpu60.yaml)."
     )
@@ -765,3 +774,107 @@ def test_the_edge_optimizer_settings_are_taken() -> None:
     assert OptimizerConfig(betas=(0.0, 0.0)).betas == (0.0, 0.0)
     assert OptimizerConfig(name="muon", muon={"ns_steps": 1}).muon.ns_steps == 1
     assert OptimizerConfig(weight_decay=0.0).weight_decay == 0.0
+
+
+def test_the_update_at_tensor_learning_rates_is_the_update_at_numbers() -> None:
+    """What the compiled step runs (optimizer.compile; tests/test_compile.py compiles it), run
+    eager: the learning rates as 0-d tensors, the bias corrections from tensor step counts,
+    gradients and state handed in; three steps land where step() at the same numbers does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8))
+    twin = nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8))
+    twin.load_state_dict(model.state_dict())
+    start = [p.detach().clone() for p in model.parameters()]
+    kwargs = dict(lr=1e-2, weight_decay=0.1, ns_dtype=torch.float32)
+    numbers, tensors = (
+        MuonAdamW(mixed_groups(model), **kwargs),
+        MuonAdamW(mixed_groups(twin), **kwargs),
+    )
+    for step in range(3):
+        grads = [torch.randn_like(p) for p in model.parameters()]
+        for opt, m in ((numbers, model), (tensors, twin)):
+            for p, g in zip(m.parameters(), grads, strict=True):
+                p.grad = g.clone()
+            for group in opt.param_groups:
+                group["lr"] = group.setdefault("peak", group["lr"]) * (1.0 - 0.3 * step)
+        numbers.step()
+        tensors._init_state()
+        with torch.no_grad():
+            lrs = [torch.tensor(g["lr"]) for g in tensors.param_groups]
+            tensors._update(tensors._step_groups(), lrs)
+    assert tensors.state[twin[1].bias]["step"] == 3
+    # the same products; per step the tensors round lr x scale, the product and the sum of
+    # Muon's update (entries at most ~1.2: singular values near one), AdamW's six operations
+    # once more each (float32 factors, not Python's doubles), and the decay the weight twice
+    for a, b, a0 in zip(model.parameters(), twin.parameters(), start, strict=True):
+        w, lr = a.detach().abs().max(), 1e-2 if a.dim() == 2 else 3e-3
+        scale = 1.2 * 0.2 * max(a.shape) ** 0.5 if a.dim() == 2 else 1.0
+        tol = 3 * (sum_tol(F32, 6, lr * scale) + sum_tol(F32, 2, w))
+        assert (a - b).abs().max() <= tol
+        assert (b - a0).abs().max() > 100 * tol  # the steps moved it: the check can tell
+
+
+def test_optimizer_compile_builds_a_compiled_muon_and_counts_as_compiling() -> None:
+    model = tiny_classifier(optimizer={"name": "muon", "compile": True})
+    assert model.compiles_in_fit  # TimeBudget then takes the first step off the clock
+    assert build_optimizer(model.model, model.optimizer_config).compiled
+    plain = tiny_classifier(optimizer={"name": "muon"})
+    assert not plain.compiles_in_fit
+    assert not build_optimizer(plain.model, plain.optimizer_config).compiled
+
+
+def test_a_group_without_gradients_is_skipped_and_the_rest_step() -> None:
+    """A group whose parameters have no gradient (frozen, or unused this step) before the
+    others: it keeps its weights and gets no state, and the groups after it still step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8))
+    frozen = nn.Parameter(torch.randn(4, 4))
+    opt = MuonAdamW([{"params": [frozen], "use_muon": True}, *mixed_groups(model)], lr=1e-2)
+    before = [p.detach().clone() for p in (frozen, *model.parameters())]
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert torch.equal(frozen, before[0]) and not opt.state[frozen]
+    assert all(not torch.equal(p, b) for p, b in zip(model.parameters(), before[1:], strict=True))
+
+
+def test_adamw_groups_at_equal_settings_step_as_one_however_the_schedule_set_them() -> None:
+    """A schedule writes each group's lr as a new number: groups whose settings agree in value
+    still step as one (no dispatch more than one group holding all their parameters)."""
+
+    def ops(split: bool) -> int:
+        torch.manual_seed(0)
+        params = [nn.Parameter(torch.randn(5)), nn.Parameter(torch.randn(3))]
+        groups = [{"params": params[:1]}, {"params": params[1:]}] if split else [{"params": params}]
+        opt = MuonAdamW(groups, weight_decay=0.0)
+        for p in params:
+            p.grad = torch.randn(p.shape)
+        opt.step()  # the first step creates the state
+        for group in opt.param_groups:
+            group["lr"] = float(str(group["lr"] * 0.5))  # equal values, distinct objects
+        assert len({id(g["lr"]) for g in opt.param_groups}) == len(groups)
+        return sum(_dispatched_ops(opt.step).values())
+
+    assert ops(split=True) == ops(split=False)
+
+
+def test_the_compiled_path_fills_one_lr_tensor_per_group_and_compiles_once(monkeypatch) -> None:
+    """optimizer.compile's plumbing, with torch.compile stood in by the identity (the compile
+    itself: tests/test_compile.py): one compile, of the update, without dynamic shapes; each
+    step writes every group's current lr into that group's tensor, which the update reads."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8))
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = MuonAdamW(mixed_groups(model), lr=1e-2, ns_dtype=torch.float32, compiled=True)
+    for step in range(2):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        for group in opt.param_groups:
+            group["lr"] = group.setdefault("peak", group["lr"]) * (1.0 - 0.3 * step)
+        opt.step()
+        lrs = [g["lr"] for g in opt.param_groups]
+        assert [t.item() for t in opt._lr_tensors] == pytest.approx(lrs, rel=1e-7)
+    assert calls == [{"dynamic": False}]
+    assert all(not torch.equal(p, s) for p, s in zip(model.parameters(), start, strict=True))

@@ -19,28 +19,43 @@ def trains_float32_on_cpu(trainer: Any) -> bool:
     return runs_on_cpu(trainer.accelerator) and trainer.precision in (None, 32, "32", "32-true")
 
 
+# the options that compile: the network, and the optimizer's update
+COMPILES = ("model.torch_compile", "model.optimizer.compile")
+
+
 def compile_if_possible(overrides: dict[str, Any]) -> dict[str, Any]:
-    """The overrides less `model.torch_compile` where no C++ compiler can build inductor's CPU
-    code: the compile is the recipe's choice, not the user's, so the fit trains eager (with a
-    warning saying how to get the compile back) instead of failing at its start."""
-    if not dotted(overrides).get("model.torch_compile"):
+    """The overrides less the options that compile (COMPILES) where no C++ compiler can build
+    inductor's CPU code: the compile is the recipe's choice, not the user's, so the fit trains
+    eager (with a warning saying how to get the compile back) instead of failing at its start."""
+    asked = [key for key in COMPILES if dotted(overrides).get(key)]
+    if not asked:
         return overrides
     try:
         check_cpp_compiler()
     except RuntimeError as err:
         log.warning(
-            "float32_overrides: model.torch_compile left out, the fit trains eager: %s", err
+            "float32_overrides: %s left out, the fit trains eager: %s", ", ".join(asked), err
         )
         return without_compile(overrides)
     return overrides
 
 
 def without_compile(overrides: dict[str, Any]) -> dict[str, Any]:
-    """A copy of the overrides less `model.torch_compile` (a section left empty goes too): what a
-    fit that must stay eager applies."""
-    kept = copy.deepcopy(overrides)
-    kept.get("model", {}).pop("torch_compile", None)
-    return {k: v for k, v in kept.items() if v != {}}
+    """A copy of the overrides less the options that compile (COMPILES; a section left empty
+    goes too): what a fit that must stay eager applies."""
+
+    def prune(node: dict[str, Any], prefix: str) -> dict[str, Any]:
+        kept = {}
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                value = prune(value, f"{prefix}{key}.")
+                if value == {}:
+                    continue
+            if f"{prefix}{key}" not in COMPILES:
+                kept[key] = value
+        return kept
+
+    return prune(copy.deepcopy(overrides), "")
 
 
 def dotted(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:

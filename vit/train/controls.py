@@ -30,10 +30,13 @@ class FitControls:
 
     @property
     def compiles_in_fit(self) -> bool:
-        """Whether on_fit_start compiles the network or the augmentation (its first steps then
-        include compiling)."""
+        """Whether the fit compiles the network or the augmentation (on_fit_start) or the
+        optimizer's step (its first): its first steps then include compiling."""
         augment = getattr(getattr(self._trainer, "datamodule", None), "train_augment", None)
-        return bool(self.hparams.torch_compile or getattr(augment, "compiled", False))
+        compiled_step = (self.hparams.get("optimizer") or {}).get("compile", False)
+        return bool(
+            self.hparams.torch_compile or compiled_step or getattr(augment, "compiled", False)
+        )
 
     def schedule_on(self, progress: Callable[[], float] | None) -> None:
         """Run the learning-rate schedule on `progress()`, the fraction of training done in [0, 1]

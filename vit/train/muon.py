@@ -156,6 +156,7 @@ class MuonAdamW(torch.optim.Optimizer):
         ns_steps: int = 5,
         ns_dtype: torch.dtype | None = None,
         one_stack: bool | None = None,
+        compiled: bool = False,
     ) -> None:
         check_momentum(momentum)
         check_ns_steps(ns_steps)
@@ -190,6 +191,11 @@ class MuonAdamW(torch.optim.Optimizer):
         # None: on a GPU, where the step waits on launches, every shape in one padded stack
         # (orthogonalize_stacks); on a CPU, where it waits on products, one stack per shape
         self.one_stack = any(p.is_cuda for p in muon) if one_stack is None else one_stack
+        # compiled: the step's arithmetic as one torch.compile graph (elementwise work fused);
+        # the learning rates enter it as tensors, so a schedule's new value is no recompile
+        self.compiled = compiled
+        self._compiled_update: Callable[..., None] | None = None
+        self._lr_tensors: list[Tensor] = []
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
@@ -197,24 +203,70 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # foreach: one dispatch per operation for a whole group, not one per parameter (on a GPU,
-        # each dispatch is a kernel launch); the same arithmetic as the per-parameter ops
-        adamw: dict[tuple, list[Tensor]] = {}  # AdamW's groups that step alike step as one
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            if group["weight_decay"]:  # decoupled; a multiply by one would be a wasted dispatch
-                torch._foreach_mul_(params, 1.0 - group["lr"] * group["weight_decay"])
-            if group["use_muon"]:
-                self._muon(params, group)
-            else:
-                adamw.setdefault((group["lr"], *group["betas"], group["eps"]), []).extend(params)
-        for (lr, beta1, beta2, eps), params in adamw.items():
-            self._adamw(params, lr=lr, betas=(beta1, beta2), eps=eps)
+        self._init_state()  # outside the compiled graph: new state there would be a recompile
+        groups = self._step_groups()
+        if not self.compiled:
+            self._update(groups, [group["lr"] for group in self.param_groups])
+            return loss
+        if len(self._lr_tensors) != len(self.param_groups):
+            self._lr_tensors = [
+                torch.zeros((), dtype=torch.float32, device=g["params"][0].device)
+                for g in self.param_groups
+            ]
+        for lr, group in zip(self._lr_tensors, self.param_groups, strict=True):
+            lr.fill_(group["lr"])
+        if self._compiled_update is None:
+            self._compiled_update = torch.compile(self._update, dynamic=False)
+        self._compiled_update(groups, self._lr_tensors)
         return loss
 
-    def _muon(self, params: list[Tensor], group: dict[str, Any]) -> None:
+    def _step_groups(self) -> list[dict[str, Any]]:
+        """Each group as a new dict, with only the parameters that have a gradient, and their
+        gradients and state: all an update reads, handed to it. A compiled update then guards
+        on no .grad, which zero_grad frees each step (nor on the optimizer's own param_groups,
+        whose lr dynamo would guard on; the update reads its lr from `lrs`)."""
+        out = []
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            grads, states = [p.grad for p in params], [self.state[p] for p in params]
+            out.append(group | {"params": params, "grads": grads, "states": states})
+        return out
+
+    def _update(self, groups: list[dict[str, Any]], lrs: list[float] | list[Tensor]) -> None:
+        """One step of `_step_groups`'s groups at learning rates `lrs` (one per group): numbers
+        in eager steps, 0-d tensors in the compiled one."""
+        # foreach: one dispatch per operation for a whole group, not one per parameter (on a GPU,
+        # each dispatch is a kernel launch); the same arithmetic as the per-parameter ops
+        adamw: dict[tuple, tuple[float | Tensor, list, list, list]] = {}  # groups alike step as one
+        for group, lr in zip(groups, lrs, strict=True):
+            if not (params := group["params"]):
+                continue
+            if group["weight_decay"]:  # decoupled; a multiply by one would be a wasted dispatch
+                torch._foreach_mul_(params, 1.0 - lr * group["weight_decay"])
+            if group["use_muon"]:
+                self._muon(group, lr)
+            else:  # equal numbers, or the same tensor
+                key = (id(lr) if isinstance(lr, Tensor) else lr, *group["betas"], group["eps"])
+                _, *lists = adamw.setdefault(key, (lr, [], [], []))
+                for into, part in zip(lists, ("params", "grads", "states"), strict=True):
+                    into.extend(group[part])
+        for (_, beta1, beta2, eps), (lr, params, grads, states) in adamw.items():
+            self._adamw(params, grads, states, lr=lr, betas=(beta1, beta2), eps=eps)
+
+    def _init_state(self) -> None:
+        """The state every parameter with a gradient steps with, where it has none yet."""
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None and not self.state[p]):
+                if group["use_muon"]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                else:
+                    self.state[p] |= {
+                        "step": torch.zeros((), dtype=torch.float32),
+                        "exp_avg": torch.zeros_like(p),
+                        "exp_avg_sq": torch.zeros_like(p),
+                    }
+
+    def _muon(self, group: dict[str, Any], lr: float | Tensor) -> None:
         """Each matrix's momentum and look-ahead, then one orthogonalization per shape for the
         stack of them (or one for all shapes, padded: `one_stack`): the blocks' matrices come in
         four shapes, and a batched product of four uses two cores better than four small ones
@@ -223,11 +275,8 @@ class MuonAdamW(torch.optim.Optimizer):
         orthogonalized (and scaled) on its own: qkv's query, key and value projections, as
         modded-nanogpt's Muon does."""
         mu, split = group["momentum"], group["split"]
-        for p in params:
-            if not self.state[p]:
-                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        params, grads = group["params"], group["grads"]
+        bufs = [state["momentum_buffer"] for state in group["states"]]
         torch._foreach_lerp_(bufs, grads, 1.0 - mu)  # an average of past gradients
         nesterovs = torch._foreach_lerp(grads, bufs, mu)  # look ahead along it (Nesterov)
         # matrices go through a few dispatches per shape, none per matrix: those of one shape as
@@ -255,26 +304,37 @@ class MuonAdamW(torch.optim.Optimizer):
                 targets += [p for p, _ in pairs]
                 deltas += u.reshape(len(pairs), *pairs[0][0].shape).unbind()
             scale = 0.2 * math.sqrt(max(block))  # the RMS of an AdamW update
-            torch._foreach_add_(targets, deltas, alpha=-group["lr"] * scale)
+            if isinstance(lr, Tensor):
+                torch._foreach_add_(targets, torch._foreach_mul(deltas, -lr * scale))
+            else:
+                torch._foreach_add_(targets, deltas, alpha=-lr * scale)
 
     def _adamw(
-        self, params: list[Tensor], *, lr: float, betas: tuple[float, float], eps: float
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        states: list[dict[str, Tensor]],
+        *,
+        lr: float | Tensor,
+        betas: tuple[float, float],
+        eps: float,
     ) -> None:
         """torch.optim.AdamW's update for these parameters, each step of it one foreach op."""
-        for p in params:
-            state = self.state[p]
-            if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32)
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
-        (beta1, beta2), grads = betas, [p.grad for p in params]
-        states = [self.state[p] for p in params]
+        beta1, beta2 = betas
         steps = [s["step"] for s in states]  # host tensors: reading them waits for no GPU
         torch._foreach_add_(steps, 1)
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        if isinstance(lr, Tensor):  # compiled: the bias corrections as tensors, no host read
+            denom = torch._foreach_sqrt(exp_avg_sqs)
+            torch._foreach_div_(denom, [(1.0 - beta2**s).sqrt() for s in steps])
+            torch._foreach_add_(denom, eps)
+            ratios = torch._foreach_div(exp_avgs, denom)
+            torch._foreach_mul_(ratios, [-lr / (1.0 - beta1**s) for s in steps])
+            torch._foreach_add_(params, ratios)
+            return
         by_step: dict[float, list[int]] = {}  # parameters stepped alike share a bias correction
         for i, step in enumerate(torch.stack(steps).tolist()):
             by_step.setdefault(step, []).append(i)

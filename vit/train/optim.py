@@ -56,6 +56,9 @@ class OptimizerConfig:
         betas: AdamW's moment coefficients.
         fused: AdamW's fused kernel (name adamw only; None: PyTorch's default).
         muon: Muon's settings (name muon only).
+        compile: Compile the step's arithmetic with torch.compile, its elementwise work fused
+            (name muon only; the learning rate enters as a tensor, so the schedule recompiles
+            nothing). Needs a C++ compiler on a CPU.
     """
 
     name: Literal["adamw", "muon"] = "adamw"
@@ -64,6 +67,7 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     fused: bool | None = None
     muon: MuonConfig = field(default_factory=MuonConfig)
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.muon, dict):  # as read back from a checkpoint's hyper-parameters
@@ -84,6 +88,11 @@ class OptimizerConfig:
             raise ValueError(
                 f"optimizer.betas={list(self.betas)} must be two numbers in [0, 1), e.g. "
                 "[0.9, 0.999]."
+            )
+        if self.compile and self.name != "muon":
+            raise ValueError(
+                "optimizer.compile compiles Muon-with-AdamW's step (optimizer.name: muon); for "
+                "adamw, optimizer.fused is PyTorch's own fused step."
             )
         unused = {k: v for k, v in asdict(self.muon).items() if v != getattr(MuonConfig, k)}
         if self.name != "muon" and unused:
@@ -121,7 +130,12 @@ def build_optimizer(
         patch_embed=muon.patch_embed,
     )
     return MuonAdamW(
-        groups, lr=config.lr, betas=config.betas, momentum=muon.momentum, ns_steps=muon.ns_steps
+        groups,
+        lr=config.lr,
+        betas=config.betas,
+        momentum=muon.momentum,
+        ns_steps=muon.ns_steps,
+        compiled=config.compile,
     )
 
 
