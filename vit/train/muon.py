@@ -328,6 +328,7 @@ class MuonAdamW(torch.optim.Optimizer):
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
         if isinstance(lr, Tensor):  # compiled: the bias corrections as tensors, no host read
+            steps = [s.to(lr.device) for s in steps]  # the counts live on the host, lr with p
             denom = torch._foreach_sqrt(exp_avg_sqs)
             torch._foreach_div_(denom, [(1.0 - beta2**s).sqrt() for s in steps])
             torch._foreach_add_(denom, eps)
