@@ -256,11 +256,10 @@ def rekey(checked: Path = CHECKED, reviewed: Path = REVIEWED) -> int:
     for path, header in ((checked, CHECKED_HEADER), (reviewed, REVIEWED_HEADER)):
         key_column = len(header) - 2
         taken = {r[0] for r in rows[path] if not refusal(r, key_column, now)}
-        for row in rows[path]:
-            if refusal(row, key_column, now) != "another mutation now" and row[0] in now:
+        for row in rows[path]:  # a row that counts, or has no key, keeps its name
+            if refusal(row, key_column, now) not in ("another mutation now", "no such mutant now"):
                 continue
-            if not (key := (row + [""] * len(header))[key_column].strip()):
-                continue
+            key = row[key_column].strip()
             names = by_key.get((row[0].rsplit("__mutmut_", 1)[0], key), [])
             if len(names) == 1 and names[0] not in taken:
                 print(f"{path.name}: {row[0]} -> {names[0]} ({row[1]})")

@@ -113,15 +113,27 @@ def ns_tol(dtype: torch.dtype, m: int, n: int, scale: float = 1.0, *, steps: int
     return sum_tol(dtype, n + 4 * m, scale) * (a**steps - 1) / (a - 1)
 
 
+def mixed_model() -> torch.nn.Sequential:
+    """The model mixed_groups splits: a qkv-like layer (8 -> 24) and a plain one (24 -> 8)."""
+    return torch.nn.Sequential(torch.nn.Linear(8, 24), torch.nn.Linear(24, 8))
+
+
 def mixed_groups(model: torch.nn.Sequential) -> list[dict]:
-    """For nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8)): a qkv-like matrix (a split Muon
-    group), a plain one, and AdamW groups at two learning rates (stepped apart)."""
+    """For mixed_model(): a qkv-like matrix (a split Muon group), a plain one, and AdamW groups
+    at two learning rates (stepped apart)."""
     return [
         {"params": [model[0].weight], "use_muon": True, "split": 3},
         {"params": [model[1].weight], "use_muon": True},
         {"params": [model[0].bias], "weight_decay": 0.0},
         {"params": [model[1].bias], "weight_decay": 0.0, "lr": 3e-3},
     ]
+
+
+def schedule_lr(opt: torch.optim.Optimizer, step: int) -> None:
+    """What a schedule does to each group before step `step`: a new lr, 1 - 0.3 step times the
+    group's first (kept in the group as "peak")."""
+    for group in opt.param_groups:
+        group["lr"] = group.setdefault("peak", group["lr"]) * (1.0 - 0.3 * step)
 
 
 def forward_sums(model: VisionTransformer) -> int:

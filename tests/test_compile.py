@@ -13,9 +13,11 @@ import yaml
 from tests.helpers import (
     REPO,
     mixed_groups,
+    mixed_model,
     ns_tol,
     quiet_trainer,
     random_loader,
+    schedule_lr,
     sum_tol,
     tiny_classifier,
 )
@@ -104,8 +106,8 @@ def test_the_compiled_step_is_the_eager_arithmetic_in_one_graph_whatever_the_lr(
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 24), torch.nn.Linear(24, 8))
-    twin = torch.nn.Sequential(torch.nn.Linear(8, 24), torch.nn.Linear(24, 8))
+    model = mixed_model()
+    twin = mixed_model()
     twin.load_state_dict(model.state_dict())
     kwargs = dict(lr=1e-2, weight_decay=0.1, ns_dtype=torch.float32)
     eager = MuonAdamW(mixed_groups(model), **kwargs)
@@ -119,8 +121,7 @@ def test_the_compiled_step_is_the_eager_arithmetic_in_one_graph_whatever_the_lr(
             opt.zero_grad(set_to_none=True)  # as a fit does: the old .grad tensors are freed
             for p, g in zip(m.parameters(), grads, strict=True):
                 p.grad = g.clone()
-            for group in opt.param_groups:
-                group["lr"] = group.setdefault("peak", group["lr"]) * (1.0 - 0.3 * step)
+            schedule_lr(opt, step)
             opt.step()
         lrs.append(compiled.param_groups[0]["lr"])
     assert len(set(lrs)) == 3  # the schedule moved every step

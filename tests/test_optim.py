@@ -13,9 +13,11 @@ from torch import nn
 
 from tests.helpers import (
     mixed_groups,
+    mixed_model,
     ns_tol,
     quiet_trainer,
     random_loader,
+    schedule_lr,
     sum_tol,
     tiny_classifier,
 )
@@ -781,8 +783,8 @@ def test_the_update_at_tensor_learning_rates_is_the_update_at_numbers() -> None:
     eager: the learning rates as 0-d tensors, the bias corrections from tensor step counts,
     gradients and state handed in; three steps land where step() at the same numbers does."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8))
-    twin = nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8))
+    model = mixed_model()
+    twin = mixed_model()
     twin.load_state_dict(model.state_dict())
     start = [p.detach().clone() for p in model.parameters()]
     kwargs = dict(lr=1e-2, weight_decay=0.1, ns_dtype=torch.float32)
@@ -795,8 +797,7 @@ def test_the_update_at_tensor_learning_rates_is_the_update_at_numbers() -> None:
         for opt, m in ((numbers, model), (tensors, twin)):
             for p, g in zip(m.parameters(), grads, strict=True):
                 p.grad = g.clone()
-            for group in opt.param_groups:
-                group["lr"] = group.setdefault("peak", group["lr"]) * (1.0 - 0.3 * step)
+            schedule_lr(opt, step)
         numbers.step()
         tensors._init_state()
         with torch.no_grad():
@@ -827,7 +828,7 @@ def test_a_group_without_gradients_is_skipped_and_the_rest_step() -> None:
     """A group whose parameters have no gradient (frozen, or unused this step) before the
     others: it keeps its weights and gets no state, and the groups after it still step."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8))
+    model = mixed_model()
     frozen = nn.Parameter(torch.randn(4, 4))
     opt = MuonAdamW([{"params": [frozen], "use_muon": True}, *mixed_groups(model)], lr=1e-2)
     before = [p.detach().clone() for p in (frozen, *model.parameters())]
@@ -865,14 +866,13 @@ def test_the_compiled_path_fills_one_lr_tensor_per_group_and_compiles_once(monke
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 24), nn.Linear(24, 8))
+    model = mixed_model()
     start = [p.detach().clone() for p in model.parameters()]
     opt = MuonAdamW(mixed_groups(model), lr=1e-2, ns_dtype=torch.float32, compiled=True)
     for step in range(2):
         for p in model.parameters():
             p.grad = torch.randn_like(p)
-        for group in opt.param_groups:
-            group["lr"] = group.setdefault("peak", group["lr"]) * (1.0 - 0.3 * step)
+        schedule_lr(opt, step)
         opt.step()
         lrs = [g["lr"] for g in opt.param_groups]
         assert [t.item() for t in opt._lr_tensors] == pytest.approx(lrs, rel=1e-7)
