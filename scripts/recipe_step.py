@@ -88,9 +88,33 @@ def variant_batch(variant: str, batch: int) -> int:
     return int(variant.removeprefix("batch-")) if variant.startswith("batch-") else batch
 
 
+def embed_every_patch_then_drop(model: torch.nn.Module) -> None:
+    """Patch dropout in timm's order, the model's before it dropped first: every patch embedded
+    and positioned, then a random part of the tokens dropped (variants ...drop-after)."""
+    from vit.model.embed import keep_index, resize_pos_embed, take_patches
+
+    def embed(x: torch.Tensor) -> torch.Tensor:
+        grid, prefix = model.patch_embed.grid(x), model.num_prefix_tokens
+        tokens, pos = model.patch_embed(x), model.pos_embed
+        if grid != model.patch_embed.grid_size:
+            pos = resize_pos_embed(pos, new_grid=grid, num_prefix_tokens=prefix)
+        if model.cls_token is not None:
+            tokens = torch.cat([model.cls_token.expand(x.shape[0], -1, -1), tokens], dim=1)
+        tokens = model.pos_drop(tokens + pos)
+        rate = model.patch_drop_rate if model.training else 0.0
+        keep = keep_index(x.shape[0], grid * grid, rate, device=x.device)
+        if keep is None:
+            return tokens
+        return torch.cat([tokens[:, :prefix], take_patches(tokens[:, prefix:], keep)], dim=1)
+
+    model.embed = embed
+
+
 def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None) -> Callable:
     """A function (side, drop) -> {phase: seconds} running one training step of `variant`."""
     ops = _script("count_step_ops")
+    drop_after = variant.endswith("drop-after")
+    variant = variant.removesuffix("drop-after").removesuffix("-") or "baseline"
     cfg = variant_config(config, variant)
     batch = variant_batch(variant, batch)
     module, optimizer, ema, _, images, labels = ops.build(cfg, batch, augment_way="ungrouped")
@@ -105,6 +129,8 @@ def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None)
     data = cfg.get("data") or {}
     augment = TrainAugment(padding=data.get("crop_padding", 4), hflip=data.get("hflip", True))
     module.model.set_dynamic_img_size(True)
+    if drop_after:
+        embed_every_patch_then_drop(module.model)
     module.train()
     network = module.model
     if variant == "compiled-step":  # the network compiled, and the optimizer's arithmetic
@@ -160,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="baseline, compiled (the network under torch.compile), compiled-step (the "
                    "optimizer's update too: optimizer.compile), compiled-optimizer (the update "
                    "only), one-stack (Muon's shapes in one padded stack, as on a GPU), compiled-MODE "
-                   "(max-autotune, ...), ema-every-K, batch-N, or KEY.PATH=VALUE (one config setting "
-                   "changed, e.g. model.network.mlp_ratio=4)")  # fmt: skip
+                   "(max-autotune, ...), ema-every-K, batch-N, drop-after or compiled-drop-after (every "
+                   "patch embedded, then dropped: the order before), or KEY.PATH=VALUE (one config "
+                   "setting changed, e.g. model.network.mlp_ratio=4)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=8, help="timed steps per stage, variant, round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per stage first")
@@ -193,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = stages(config)
     torch.manual_seed(0)
     if ns.profile:
+        import torch._inductor.config as inductor
+
+        inductor.cpp.enable_kernel_profile = True  # a compiled variant's kernels, each by name
         return profile_stage(make_step(config, batch, ns.variants[0], dtype), ns)
     if ns.spy:
         print(spy_shares(ns.spy))
@@ -228,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def profile_stage(run: Callable, ns: argparse.Namespace) -> int:
     """Five profiled steps at one (side, drop), after `--warmup` untimed ones: the ops' own
-    time and counts, with the phases' wall times for scale."""
+    time and counts (a compiled variant's generated kernels among them, named after the ops
+    they fuse), with the phases' wall times for scale."""
     from torch.profiler import ProfilerActivity, profile
 
     side, drop = int(ns.profile[0]), float(ns.profile[1])
@@ -241,7 +272,8 @@ def profile_stage(run: Callable, ns: argparse.Namespace) -> int:
         "`python scripts/recipe_step.py " + shlex.join(sys.argv[1:]) + "`", "",
         f"{side}px, patch drop {drop}, variant {ns.variants[0]}: 5 steps; phase ms per step "
         f"{per_step} (profiled, so slower than timed)", "",
-        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30),
+        prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40,
+                                  max_name_column_width=110),
     ])  # fmt: skip
     print(text)
     if ns.name:

@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import REPO, load_script
+from tests.helpers import REPO, TINY, load_script, sum_tol
+from vit.model.vision_transformer import VisionTransformer
 
 step = load_script("recipe_step")
 peer = load_script("peer_recipe")
@@ -50,6 +51,26 @@ def test_variants_change_one_setting_or_the_batch_and_count_images() -> None:
     assert out["batch-256"]["images_per_hour"] == 2400 * 256
     assert out["batch-256"]["images_vs_first"] == round(2400 * 256 / (3600 * 128), 3)
     assert out["batch-256"]["stages"]["16px drop 0.0"]["img_s"] == round(256 / 1.5, 1)
+
+
+def test_drop_after_embeds_every_patch_then_drops_the_same_tokens() -> None:
+    """The variant that times the order before (every patch embedded, then dropped) computes
+    the model's tokens for the same draw, from every patch's embedding."""
+    model = VisionTransformer(**TINY, spt=True, patch_drop_rate=0.5).train()
+    x = torch.randn(4, 3, 32, 32)
+    torch.manual_seed(1)
+    early = model.embed(x)
+    rows = []
+    model.patch_embed.norm.register_forward_hook(lambda m, args, out: rows.append(out.shape[1]))
+    step.embed_every_patch_then_drop(model)
+    torch.manual_seed(1)
+    late = model.embed(x)
+    assert rows == [16]  # every patch of the 4 x 4 grid, where the model embeds the 8 kept
+    # one LayerNorm and one sum of 5 * 3 * 8 * 8 products per entry, computed among more rows
+    tol = sum_tol(torch.float32, 5 * 3 * 8 * 8, late.abs().max())
+    torch.testing.assert_close(early, late, rtol=0, atol=tol)
+    model.eval()
+    assert model.embed(x).shape == (4, 17, 32)  # evaluation keeps every token
 
 
 def test_step_timer_writes_the_median_gap_after_the_first_twenty(

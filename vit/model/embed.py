@@ -70,12 +70,26 @@ class PatchEmbed(nn.Module):
         else:
             self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, keep: Tensor | None = None) -> Tensor:
         """(B, C, H, W) images -> (B, grid*grid, embed_dim) patch vectors, row by row.
 
         With `dynamic_img_size`, any square image whose side is a multiple of the patch is taken
         (the model then resizes its position table to the grid): a low-resolution curriculum.
+        `keep`, (B, K) patch indices (keep_index), embeds only those patches of each image:
+        (B, K, embed_dim). The embedding treats each patch alone, so with `spt` the dropped
+        patches are left out before the norm and the projection and cost nothing there.
         """
+        self.grid(x)
+        if self.spt:
+            patches = self._shifted_patches(x)
+            if keep is not None:
+                patches = take_patches(patches, keep)
+            return self.proj(self.norm(patches))
+        tokens = self.proj(x).flatten(2).transpose(1, 2)  # (B, D, g, g) -> (B, g*g, D)
+        return tokens if keep is None else take_patches(tokens, keep)
+
+    def grid(self, x: Tensor) -> int:
+        """The side of `x`'s patch grid, once `x` is checked to be images this embedding takes."""
         if x.ndim != 4 or x.shape[1:] != (self.in_chans, self.img_size, self.img_size):
             if not self._takes_dynamic(x):
                 raise ValueError(
@@ -84,9 +98,7 @@ class PatchEmbed(nn.Module):
                     f"build the model with img_size/in_chans matching it (checkpoints can be "
                     f"loaded at another image size)."
                 )
-        if self.spt:
-            return self.proj(self.norm(self._shifted_patches(x)))
-        return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, g, g) -> (B, g*g, D)
+        return x.shape[-1] // self.patch_size
 
     def _shifted_patches(self, x: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, g*g, 5*C*p*p): each patch of the image and of its 4 shifted copies.
@@ -167,22 +179,28 @@ def resize_pos_embed(pos_embed: Tensor, *, new_grid: int, num_prefix_tokens: int
     return torch.cat([prefix, grid], dim=1)
 
 
-def drop_patches(tokens: Tensor, rate: float, *, num_prefix_tokens: int = 1) -> Tensor:
-    """Keep a random subset of each image's patch tokens; the CLS (prefix) tokens always stay.
+def keep_index(
+    batch: int, num_patches: int, rate: float, *, device: torch.device | str | None = None
+) -> Tensor | None:
+    """Which patches each image keeps under patch dropout: (B, keep) indices, or None when the
+    rate drops none.
 
     Patch dropout (Liu et al. 2022, arXiv:2208.07220; timm's `patch_drop_rate`): a training-time
-    cut of the sequence, int(N * (1 - rate)) of the N patch tokens kept (at least one), drawn
-    independently per image after the positions are added, so each kept token still knows where
-    it came from. Attention does not depend on token order, so the kept tokens are not re-sorted.
-    (B, P + N, D) -> (B, P + keep, D).
+    cut of the sequence, int(N * (1 - rate)) of the N patches kept (at least one), drawn
+    independently per image, on `device` (a GPU draws its own). Each kept patch takes its own
+    position vector (take_patches), so it still knows where it came from; attention does not
+    depend on token order, so the kept patches are not re-sorted.
     """
     if not 0.0 <= rate < 1.0:
         raise ValueError(f"patch drop rate {rate} must be in [0, 1); it is the fraction dropped.")
-    prefix, patches = tokens[:, :num_prefix_tokens], tokens[:, num_prefix_tokens:]
-    b, n, d = patches.shape
-    keep = max(1, int(n * (1.0 - rate)))
-    if keep == n:  # rate 0, or too few patches to drop one
-        return tokens
-    index = torch.rand(b, n, device=tokens.device).argsort(dim=1)[:, :keep]
-    patches = patches.gather(1, index.unsqueeze(-1).expand(-1, -1, d))
-    return torch.cat([prefix, patches], dim=1)
+    keep = max(1, int(num_patches * (1.0 - rate)))
+    if keep == num_patches:  # rate 0, or too few patches to drop one
+        return None
+    return torch.rand(batch, num_patches, device=device).argsort(dim=1)[:, :keep]
+
+
+def take_patches(rows: Tensor, keep: Tensor) -> Tensor:
+    """(B, N, F) rows per patch (or (1, N, F), shared by the batch) and (B, K) indices from
+    keep_index -> (B, K, F): each image's kept rows, in the order of `keep`."""
+    rows = rows.expand(keep.shape[0], -1, -1)
+    return rows.gather(1, keep.unsqueeze(-1).expand(-1, -1, rows.shape[-1]))

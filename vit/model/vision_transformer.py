@@ -15,10 +15,11 @@ from vit.model.attention import Kernel
 from vit.model.block import Block
 from vit.model.embed import (
     PatchEmbed,
-    drop_patches,
+    keep_index,
     resize_pos_embed,
     sincos_2d_table,
     sinusoidal_table,
+    take_patches,
 )
 
 ATTN_INITS = ("default", "mimetic")  # how attention weights start (VisionTransformer.init_weights)
@@ -161,20 +162,25 @@ class VisionTransformer(nn.Module):
     def embed(self, x: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, N, D) tokens: patch vectors, CLS prepended, positions added.
 
-        In training, with patch_drop_rate > 0, a random part of each image's patch tokens is then
-        dropped (drop_patches): fewer tokens, a cheaper step. Evaluation always sees every token.
+        In training, with patch_drop_rate > 0, a random part of each image's patches is dropped
+        first (keep_index): the kept ones are embedded and take their own positions, so the
+        tokens are those of every patch with the dropped rows left out, for less work from the
+        patch embedding on. Evaluation always sees every patch.
         """
-        x = self.patch_embed(x)
-        pos = self.pos_embed
-        if x.shape[1] != self.patch_embed.num_patches:  # dynamic_img_size: another grid
-            grid = int(round(x.shape[1] ** 0.5))
-            pos = resize_pos_embed(pos, new_grid=grid, num_prefix_tokens=self.num_prefix_tokens)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        x = self.pos_drop(x + pos)
+        grid = self.patch_embed.grid(x)
+        keep = None
         if self.training and self.patch_drop_rate > 0:
-            x = drop_patches(x, self.patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
-        return x
+            keep = keep_index(x.shape[0], grid * grid, self.patch_drop_rate, device=x.device)
+        x = self.patch_embed(x, keep=keep)
+        pos = self.pos_embed
+        if grid != self.patch_embed.grid_size:  # dynamic_img_size: another grid
+            pos = resize_pos_embed(pos, new_grid=grid, num_prefix_tokens=self.num_prefix_tokens)
+        prefix_pos, patch_pos = pos[:, : self.num_prefix_tokens], pos[:, self.num_prefix_tokens :]
+        x = x + (patch_pos if keep is None else take_patches(patch_pos, keep))
+        if self.cls_token is not None:
+            cls = (self.cls_token + prefix_pos).expand(x.shape[0], -1, -1)
+            x = torch.cat([cls, x], dim=1)
+        return self.pos_drop(x)
 
     def forward_features(self, x: Tensor) -> Tensor:
         x = self.embed(x)
