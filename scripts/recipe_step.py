@@ -89,8 +89,9 @@ def variant_batch(variant: str, batch: int) -> int:
 
 
 def embed_every_patch_then_drop(model: torch.nn.Module) -> None:
-    """Patch dropout in timm's order, the model's before it dropped first: every patch embedded
-    and positioned, then a random part of the tokens dropped (variants ...drop-after)."""
+    """Patch dropout in timm's order, the model's own until it drew the kept patches first:
+    every patch embedded and positioned, then a random part of the tokens dropped (the variants
+    drop-after and compiled-drop-after)."""
     from vit.model.embed import keep_index, resize_pos_embed, take_patches
 
     def embed(x: torch.Tensor) -> torch.Tensor:
