@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from tests.helpers import TINY, forward_sums, head_products, sum_tol
+from tests.helpers import TINY, forward_sums, head_products, load_script, sum_tol
 from vit.model.embed import (
     PatchEmbed,
     keep_index,
@@ -279,15 +279,10 @@ def test_patch_dropout_trains_as_if_every_patch_were_embedded_then_dropped(spt: 
     model(x).square().sum().backward()
     early = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
+    # the order before, as scripts/recipe_step.py's drop-after variants time it
+    load_script("recipe_step").embed_every_patch_then_drop(model)
     torch.manual_seed(1)
-    keep = keep_index(4, 16, 0.5)
-    tokens = torch.cat([model.cls_token.expand(4, -1, -1), model.patch_embed(x)], 1)
-    tokens = tokens + model.pos_embed
-    tokens = torch.cat([tokens[:, :1], take_patches(tokens[:, 1:], keep)], 1)
-    for block in model.blocks[:-1]:
-        tokens = block(tokens)
-    tokens = model.blocks[-1](tokens, num_queries=1)
-    model.head(model.norm(tokens)[:, 0]).square().sum().backward()
+    model(x).square().sum().backward()
     for name, p in model.named_parameters():
         # the patch embedding's weight gradients sum over the kept rows instead of every row
         # with zeros at the dropped ones: another order of the same sums of 4 * 16 rows at most,
