@@ -154,28 +154,37 @@ def test_the_checkout_watcher_catches_a_module_that_writes_on_import(
     assert changed(before, before) == []
 
 
-# Each command's target with the switch replaced by a probe: first stopped there (was torch
-# loaded when it ran?), then run through to its --help.
+# Each command's target with the switches replaced by probes: first stopped at the second (was
+# torch loaded when they ran? did both run, the cache's for real?), then run through to its --help.
 COMMANDS = """
-import sys
+import os, sys
 from vit.commands import entry
-from vit.system import mkl_amd
+from vit.system import inductor_cache, mkl_amd
 ARGS = {
     "train": ["fit", "--help"], "evaluate": ["--help"], "visualize": ["--help"], "explore": ["--help"],
     "predict": ["--help"], "inspect": ["--help"], "export": ["--help"],
 }
 class Stop(Exception):
     pass
+switched = []
+separate = inductor_cache.separate_by_capability
 def stop():
-    print("SWITCH", "torch loaded:", "torch" in sys.modules, flush=True)
+    folder = separate()
+    set_here = folder is not None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder
+    print("SWITCH", "torch loaded:", "torch" in sys.modules, "mkl:", switched == [True],
+          "cache:", set_here, flush=True)
     raise Stop
-mkl_amd.enable = stop
+mkl_amd.enable = lambda: switched.append(True)
+inductor_cache.separate_by_capability = stop
 for name in ARGS:
+    switched.clear()
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     try:
         getattr(entry, name)()
     except Stop:
         pass
 mkl_amd.enable = lambda: "off: a test"
+inductor_cache.separate_by_capability = lambda: None
 for name, argv in ARGS.items():
     sys.argv = [f"vit-{name}", *argv]
     try:
@@ -185,14 +194,16 @@ for name, argv in ARGS.items():
 """
 
 
-def test_each_command_switches_mkl_before_torch_loads_and_helps() -> None:
+def test_each_command_switches_before_torch_loads_and_helps() -> None:
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}  # every x86 CPU has it
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     done = subprocess.run(
-        [sys.executable, "-c", COMMANDS], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-c", COMMANDS], cwd=REPO, capture_output=True, text=True, env=env
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [ln for ln in lines if ln.startswith(("SWITCH", "EXIT"))] == [
-        *["SWITCH torch loaded: False"] * 7,
+        *["SWITCH torch loaded: False mkl: True cache: True"] * 7,
         "EXIT train 0",
         "EXIT evaluate 0",
         "EXIT visualize 0",

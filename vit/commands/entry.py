@@ -1,20 +1,22 @@
 """The console commands' targets: process-wide switches first, then the command.
 
-MKL's AVX2 kernels on AMD CPUs (vit/system/mkl_amd.py) only switch on before torch loads, so this module
-imports no torch and nothing that does: each target switches, then imports its command. `python -m
-vit.commands.entry` is vit-train (how DDP relaunches it). VIT_MKL_AVX2=0 leaves MKL as torch ships it.
+MKL's AVX2 kernels on AMD CPUs (vit/system/mkl_amd.py) only switch on before torch loads, and the
+inductor cache's folder per ATEN_CPU_CAPABILITY (vit/system/inductor_cache.py) before torch's
+compiler loads, so this module imports no torch and nothing that does: each target switches, then
+imports its command. `python -m vit.commands.entry` is vit-train (how DDP relaunches it).
+VIT_MKL_AVX2=0 leaves MKL as torch ships it.
 """
 
 from __future__ import annotations
 
 import logging
 
-from vit.system import mkl_amd
+from vit.system import inductor_cache, mkl_amd
 
 
 def train() -> None:
     """`vit-train`: the LightningCLI (vit/commands/), which logs the switch's status as a run starts."""
-    mkl_amd.enable()
+    switch()
     from vit.commands.train import train_main
 
     train_main()
@@ -69,11 +71,17 @@ def predict() -> None:
     predict_main()
 
 
-def switch_mkl() -> None:
-    """The switch, logged once, for the commands that log plain messages (scripts/benchmark.py
-    too); call it before anything imports torch."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+def switch() -> None:
+    """The process-wide switches, silent: MKL's kernels on AMD, the inductor cache's folder."""
     mkl_amd.enable()
+    inductor_cache.separate_by_capability()
+
+
+def switch_mkl() -> None:
+    """The switches, MKL's logged once, for the commands that log plain messages
+    (scripts/benchmark.py too); call it before anything imports torch."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    switch()
     mkl_amd.report()
 
 
