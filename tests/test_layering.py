@@ -157,8 +157,8 @@ def test_only_the_entry_points_import_the_commands(module: str) -> None:
 
 def test_the_commands_reach_the_switch_without_torch() -> None:
     """Importing vit.commands.entry (and with it the packages vit, vit.commands, vit.system) runs
-    the standard library's imports only: torch loads after the MKL switch (vit/system/mkl_amd.py),
-    and `import vit` defines nothing that loads it."""
+    the standard library's imports only: torch loads after the switches (vit/system/mkl_amd.py,
+    vit/system/inductor_cache.py), and `import vit` defines nothing that loads it."""
     seen, todo = set(), ["vit.commands.entry"]
     while todo:
         module = todo.pop()
@@ -172,6 +172,7 @@ def test_the_commands_reach_the_switch_without_torch() -> None:
         "vit.commands",
         "vit.commands.entry",
         "vit.system",
+        "vit.system.inductor_cache",
         "vit.system.mkl_amd",
         "vit.system.paths",
     }
