@@ -83,6 +83,14 @@ def variant_config(config: dict, variant: str) -> dict:
     return cfg
 
 
+def split_compiled(variant: str) -> tuple[str, bool]:
+    """compiled+KEY.PATH=VALUE -> (KEY.PATH=VALUE, True): that setting, the network compiled;
+    any other variant -> (variant, False)."""
+    if variant.startswith("compiled+"):
+        return variant.removeprefix("compiled+"), True
+    return variant, False
+
+
 def variant_batch(variant: str, batch: int) -> int:
     """batch-N: the step at batch N instead of the config's."""
     return int(variant.removeprefix("batch-")) if variant.startswith("batch-") else batch
@@ -116,7 +124,8 @@ def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None)
     ops = _script("count_step_ops")
     drop_after = variant.endswith("drop-after")
     variant = variant.removesuffix("drop-after").removesuffix("-") or "baseline"
-    cfg = variant_config(config, variant)
+    setting, compiled_with = split_compiled(variant)
+    cfg = variant_config(config, setting)
     batch = variant_batch(variant, batch)
     module, optimizer, ema, _, images, labels = ops.build(cfg, batch, augment_way="ungrouped")
     if hasattr(optimizer, "ns_dtype"):  # build() sets a GPU's; the fit's, on this CPU
@@ -139,8 +148,9 @@ def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None)
         optimizer.compiled = True  # optimizer.compile: true (MuonAdamW's compiled update)
     elif variant == "compiled-optimizer":  # the optimizer's arithmetic only
         optimizer.compiled = True
-    elif variant.startswith("compiled"):  # compiled or compiled-MODE (max-autotune, ...)
-        mode = variant.removeprefix("compiled").removeprefix("-") or None
+    elif variant.startswith("compiled"):  # compiled, compiled-MODE (max-autotune...), compiled+SET
+        mode = None if compiled_with else variant.removeprefix("compiled").removeprefix("-")
+        mode = mode or None
         network = torch.compile(module.model, dynamic=False, mode=mode)
     smoothing = module.hparams.label_smoothing
     ema_every = int(variant.split("-")[-1]) if variant.startswith("ema-every-") else 1
@@ -188,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                    "optimizer's update too: optimizer.compile), compiled-optimizer (the update "
                    "only), one-stack (Muon's shapes in one padded stack, as on a GPU), compiled-MODE "
                    "(max-autotune, ...), ema-every-K, batch-N, drop-after or compiled-drop-after (every "
-                   "patch embedded, then dropped: the order before), or KEY.PATH=VALUE (one config "
-                   "setting changed, e.g. model.network.mlp_ratio=4)")  # fmt: skip
+                   "patch embedded, then dropped: the order before), KEY.PATH=VALUE (one config "
+                   "setting changed, e.g. model.network.mlp_ratio=4), or compiled+KEY.PATH=VALUE "
+                   "(that setting, the network compiled)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=8, help="timed steps per stage, variant, round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per stage first")

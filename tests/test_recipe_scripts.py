@@ -38,6 +38,13 @@ def test_variants_change_one_setting_or_the_batch_and_count_images() -> None:
     assert step.variant_config(config, "batch-256") == config
     assert step.variant_batch("batch-256", 128) == 256
     assert step.variant_batch("compiled", 128) == 128
+    setting, compiled = step.split_compiled("compiled+model.network.kernel=explicit")
+    assert (
+        compiled
+        and step.variant_config(config, setting)["model"]["network"]["kernel"] == "explicit"
+    )
+    assert step.split_compiled("compiled") == ("compiled", False)  # compiled alone: no setting
+    assert step.split_compiled("model.network.kernel=explicit")[1] is False  # eager
     plan = [(0.5, 16, 0.0), (0.5, 32, 0.0)]
     # each stage's step: 1 s at batch 128, 1.5 s at batch 256 (phases sum to the step)
     timed = {
