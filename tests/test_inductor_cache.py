@@ -3,6 +3,7 @@ it keeps out: kernels compiled under one setting, reused under another."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import subprocess
 import sys
@@ -36,6 +37,16 @@ def test_a_cache_folder_the_user_chose_is_kept() -> None:
     env = {CAPABILITY: "avx2", CACHE_DIR: "/shared/inductor"}
     assert separate_by_capability(env) is None
     assert env == {CAPABILITY: "avx2", CACHE_DIR: "/shared/inductor"}
+
+
+def test_a_user_without_a_name_gets_inductors_own_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_name() -> str:
+        raise KeyError("getpwuid(): uid not found")  # a container's uid without a passwd entry
+
+    monkeypatch.setattr(getpass, "getuser", no_name)
+    folder = separate_by_capability({CAPABILITY: "avx2"})
+    assert folder == default_cache_dir() + "-avx2"  # inductor falls back the same way
+    assert Path(folder).name == f"torchinductor_uid_{os.getuid()}-avx2"
 
 
 def test_the_capability_cannot_name_a_folder_elsewhere() -> None:
