@@ -149,9 +149,8 @@ def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None)
     elif variant == "compiled-optimizer":  # the optimizer's arithmetic only
         optimizer.compiled = True
     elif variant.startswith("compiled"):  # compiled, compiled-MODE (max-autotune...), compiled+SET
-        mode = None if compiled_with else variant.removeprefix("compiled").removeprefix("-")
-        mode = mode or None
-        network = torch.compile(module.model, dynamic=False, mode=mode)
+        mode = "" if compiled_with else variant.removeprefix("compiled").removeprefix("-")
+        network = torch.compile(module.model, dynamic=False, mode=mode or None)
     smoothing = module.hparams.label_smoothing
     ema_every = int(variant.split("-")[-1]) if variant.startswith("ema-every-") else 1
     count = {"steps": 0}
