@@ -31,6 +31,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _no_bf16_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VIT_CPU_BF16 in the user's shell (0: the float32 path on a bf16 CPU, as the docs suggest
+    for trying it) is not the suite's: the tests that need either answer set it or mock the CPU."""
+    monkeypatch.delenv("VIT_CPU_BF16", raising=False)
+
+
 @pytest.fixture
 def tiny_model() -> VisionTransformer:
     torch.manual_seed(0)
