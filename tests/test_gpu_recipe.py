@@ -251,3 +251,30 @@ def test_run_gpu8_plans_the_longest_fit_that_ends_the_call_by_its_plan(setup_s: 
     assert fit_s == round(minutes * 60) and total == setup + fit_s + extra + evaluation + files
     assert 0 < minutes <= 8.0 and total <= end
     assert minutes == 8.0 or total + 6 > end  # the longest budget in tenths of a minute
+
+
+def test_gpu8_keeps_last_at_the_final_validation_when_it_is_not_the_best(tmp_path: Path) -> None:
+    """Lightning saves a monitored checkpoint's `last` only beside a better one; gpu8.yaml's
+    checkpoints keep last.ckpt at the fit's final step all the same (scripts/gpu/summary.py reads
+    the fit's steps and seconds there), here with weights that never change, so val/acc never
+    improves after the first validation."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    config = yaml.safe_load(GPU8.read_text())
+    checkpoints = [
+        ModelCheckpoint(dirpath=tmp_path, **args)
+        for args in callback_args(config, "ModelCheckpoint")
+    ]
+    module = tiny_classifier(optimizer={"lr": 1e-12})  # the logits stay put
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=2,
+        val_check_interval=2,
+        callbacks=checkpoints,
+        enable_checkpointing=True,
+    )
+    trainer.fit(module, random_loader(64), random_loader(32, seed=1))  # 4 steps an epoch
+    assert trainer.global_step == 8
+    assert load_checkpoint(tmp_path / "last.ckpt")["global_step"] == 8
+    (best,) = tmp_path.glob("best-*.ckpt")
+    assert load_checkpoint(best)["global_step"] == 2  # the first validation stayed the best
