@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO as ROOT
+
 FLOAT_CHECK = re.compile(r"assert_close|allclose|approx\(")
 
 
