@@ -25,7 +25,7 @@ NUMERICAL=(
   tests/test_export.py tests/test_migrate.py tests/test_checkpoint.py tests/test_cifar100.py
   tests/test_cli.py tests/test_datamodule.py tests/test_ddp.py tests/test_folder_source.py
   tests/test_inspect_command.py tests/test_loggers.py tests/test_plot_curve.py
-  tests/test_recipe_scripts.py tests/test_whole_split.py
+  tests/test_recipe_scripts.py tests/test_whole_split.py tests/test_ema_windows.py
 )
 declare -A SETTINGS=(
   [machine]=""

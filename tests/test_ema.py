@@ -41,12 +41,15 @@ def _assert_average(got: torch.Tensor, want: torch.Tensor, decay: float) -> None
     torch.testing.assert_close(got, want, rtol=0, atol=tol)
 
 
-def _expected_ema(steps: list[list[torch.Tensor]], decay: float) -> list[list[torch.Tensor]]:
-    """The average after each step, computed by hand: a copy first, then the warmed-up decay."""
+def _expected_ema(
+    steps: list[list[torch.Tensor]], decay: float, cap: float = 1.0
+) -> list[list[torch.Tensor]]:
+    """The average after each step, computed by hand: a copy first, then the warmed-up decay
+    (at most `cap`)."""
     ema, out = [w.clone() for w in steps[0]], []
     out.append([w.clone() for w in ema])
     for n, weights in enumerate(steps[1:], start=1):
-        d = min(decay, (1 + n) / (10 + n))
+        d = min(decay, (1 + n) / (10 + n), cap)
         ema = [d * e + (1 - d) * w for e, w in zip(ema, weights, strict=True)]
         out.append([w.clone() for w in ema])
     return out
@@ -128,6 +131,52 @@ def test_ema_decay_outside_zero_one_is_refused(decay: float) -> None:
 
 def test_ema_default_decay_is_the_documented_0_999() -> None:
     assert EMA().decay == 0.999
+    assert EMA().fit_fraction is None  # a window of steps only, unless asked
+
+
+def test_fit_fraction_caps_the_window_at_that_share_of_the_planned_steps(tmp_path) -> None:
+    """40 planned steps and fit_fraction 0.1: a 4-step window (decay at most 0.75) from the step
+    where the warm-up would pass it, though decay 0.99 alone would average over 100."""
+    module = tiny_classifier(optimizer={"lr": 3e-3}, schedule={"warmup_epochs": 0.0})
+    record = Record()
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=10,  # 4 steps an epoch
+        callbacks=[EMA(decay=0.99, fit_fraction=0.1), record],
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, random_loader(64), random_loader(16, seed=1))
+    assert len(record.steps) == 40
+    expected = _expected_ema(record.steps, 0.99, cap=0.75)
+    uncapped = _expected_ema(record.steps, 0.99)
+    for got, want, other in zip(_weights(module), expected[-1], uncapped[-1], strict=True):
+        _assert_average(got, want, 0.75)
+        assert not torch.allclose(got, other)  # the cap made a difference a test can see
+
+
+def test_expected_steps_project_the_budget_from_the_time_used() -> None:
+    """Under a TimeBudget: the steps made before the current one over the share of time they
+    took; none before a step and some time; without one, the planned steps."""
+    from types import SimpleNamespace
+
+    from vit.train.callbacks.budget import TimeBudget, expected_steps
+
+    budget = TimeBudget(minutes=60.0)
+    trainer = SimpleNamespace(callbacks=[budget], global_step=101, estimated_stepping_batches=7)
+    budget.progress = 0.25  # read as step 101 began, after 100 steps
+    assert expected_steps(trainer) == 400.0
+    budget.progress = 0.0
+    assert expected_steps(trainer) is None
+    budget.progress, trainer.global_step = 0.25, 1
+    assert expected_steps(trainer) is None
+    trainer.callbacks = []
+    assert expected_steps(trainer) == 7.0
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.1, 1.5])
+def test_ema_fit_fraction_outside_zero_one_is_refused(fraction: float) -> None:
+    with pytest.raises(ValueError, match=r"EMA fit_fraction=.* must be in \(0, 1\]"):
+        EMA(fit_fraction=fraction)
 
 
 def test_with_gradient_accumulation_the_average_updates_once_per_optimizer_step(tmp_path) -> None:

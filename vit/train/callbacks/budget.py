@@ -151,6 +151,17 @@ def time_budget(trainer: L.Trainer) -> TimeBudget | None:
     return next((c for c in trainer.callbacks if isinstance(c, TimeBudget)), None)
 
 
+def expected_steps(trainer: L.Trainer) -> float | None:
+    """The optimizer steps the fit will have made when it ends: under a TimeBudget, the steps
+    made before the current one over the share of the budget they used (None until some time is
+    used), else the planned steps."""
+    budget = time_budget(trainer)
+    if budget is None:
+        return float(trainer.estimated_stepping_batches)
+    before = trainer.global_step - 1  # the progress was read as the step just made began
+    return before / budget.progress if before > 0 and budget.progress > 0 else None
+
+
 def fit_progress(trainer: L.Trainer) -> float:
     """The fraction of training done, in [0, 1]: of the TimeBudget when the fit has one, else of
     the planned optimizer steps."""

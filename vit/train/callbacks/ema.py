@@ -11,6 +11,8 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
+from vit.train.callbacks.budget import expected_steps
+
 
 class EMA(WeightAveraging):
     """An exponential moving average of the weights, after every optimizer step:
@@ -18,7 +20,10 @@ class EMA(WeightAveraging):
         ema <- d * ema + (1 - d) * weights,   d = min(decay, (1 + n) / (10 + n))
 
     where n counts the updates so far: the average follows the weights closely at first (timm's
-    EMA warm-up), so early validations do not score a lagging, half-random average. Built on
+    EMA warm-up), so early validations do not score a lagging, half-random average. With
+    `fit_fraction`, d is also at most 1 - 1 / (fit_fraction x the fit's steps): the average spans
+    at most that share of the fit, at any pace (a time budget makes 10,000 steps on one CPU and
+    25,000 on another; under one, the fit's steps are projected from the time used so far). Built on
     Lightning's WeightAveraging: validation, the final test, and the `state_dict` of every
     checkpoint (what vit-evaluate and vit-visualize load) use the average; the live weights are
     saved beside it as `current_model_state`, so `--ckpt_path` resumes training them. One foreach
@@ -26,15 +31,24 @@ class EMA(WeightAveraging):
 
     Args:
         decay: The average's decay d: 0.999 averages over about the last 1,000 steps.
+        fit_fraction: If set, the longest the average may span, as a share of the fit's steps:
+            0.04 keeps 1,000 steps of a 25,000-step fit and 400 of a 10,000-step one.
     """
 
-    def __init__(self, *, decay: float = 0.999) -> None:
+    def __init__(self, *, decay: float = 0.999, fit_fraction: float | None = None) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(
                 f"EMA decay={decay} must be in (0, 1); 0.999 averages over about the last "
                 f"1,000 steps, 0.9999 over 10,000."
             )
+        if fit_fraction is not None and not 0.0 < fit_fraction <= 1.0:
+            raise ValueError(
+                f"EMA fit_fraction={fit_fraction} must be in (0, 1], the share of the fit's steps "
+                f"the average may span (0.04: the last 4%), or null for a window of steps only."
+            )
         self.decay = decay
+        self.fit_fraction = fit_fraction
+        self._cap = 1.0  # the decay allowed by fit_fraction at this step
         self._count: int | None = None  # updates so far, on the host: read from the average once
         super().__init__(multi_avg_fn=self._update)
 
@@ -49,6 +63,10 @@ class EMA(WeightAveraging):
         update_average: AveragedModel's own update reads its count on the host twice a step,
         which on a GPU waits for every kernel queued so far."""
         if trainer.global_step > self._latest_update_step:
+            if self.fit_fraction is not None:
+                steps = expected_steps(trainer)
+                window = None if steps is None else self.fit_fraction * steps
+                self._cap = 1.0 if window is None else 1.0 - 1.0 / max(1.0, window)
             self.update_average(pl_module)
             self._latest_update_step = trainer.global_step
 
@@ -91,7 +109,7 @@ class EMA(WeightAveraging):
         self, averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor | int
     ) -> None:
         n = int(num_averaged)  # an int from update_average: no host read
-        d = min(self.decay, (1 + n) / (10 + n))
+        d = min(self.decay, (1 + n) / (10 + n), self._cap)
         if averaged[0].is_floating_point():  # AveragedModel groups the tensors by dtype
             torch._foreach_lerp_(averaged, current, 1.0 - d)
         else:  # integer buffers, if any: follow the model
