@@ -4,8 +4,9 @@ live weights, each scored on the validation split.
 The EMA never touches the trajectory, so one fit saved every k steps holds every average it could
 have kept: an average over W steps (decay d = 1 - 1/W, with the callback's warm-up) gives the
 weights of step t the mass (1 - d) d^(N - t), and the snapshot at step t_j stands for the steps
-since the one before it. W = 0 is the live weights. The fit's own average (its decay) is rebuilt too and compared with the one it kept, which
-says how close the rebuild is at this spacing.
+since the one before it. W = 0 is the live weights. The fit's own average (its decay) is
+rebuilt too and compared with the one it kept, which says how close the rebuild is at this
+spacing.
 
 Snapshots: add to the fit `--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint
 --trainer.callbacks.every_n_train_steps=50 --trainer.callbacks.save_top_k=-1
@@ -30,16 +31,17 @@ import torch
 
 from vit.commands.evaluate import run_evaluate
 from vit.io.checkpoint import load_checkpoint
+from vit.train.callbacks.ema import warmed_up_decay
 
 SNAPSHOT = re.compile(r"snap-step=(\d+)\.ckpt$")
 
 
 def step_decays(last_step: int, window: float) -> list[float]:
     """The decay vit.train.callbacks.EMA applies at each global step 1..last_step (index 0
-    unused) for an average over `window` steps: its rule min(d, (1 + n) / (10 + n)), where the
-    update at step g is the average's n = g - 1 (the first, at step 1, copies)."""
+    unused) for an average over `window` steps: the update at step g is the average's n = g - 1
+    (the first, at step 1, copies)."""
     decay = 1.0 - 1.0 / window
-    return [0.0, 0.0] + [min(decay, g / (9 + g)) for g in range(2, last_step + 1)]
+    return [0.0, 0.0] + [warmed_up_decay(decay, g - 1) for g in range(2, last_step + 1)]
 
 
 def snapshot_masses(steps: Sequence[int], window: float) -> list[float]:
@@ -111,7 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", type=Path, help="a run's checkpoints folder")
     parser.add_argument("--windows", type=float, nargs="+", default=[0, 200, 400, 700, 1000])
-    parser.add_argument("--decay", type=float, default=0.999, help="the fit's EMA decay")
+    parser.add_argument(
+        "--decay",
+        type=float,
+        default=0.999,
+        help="the fit's EMA decay (a fit_fraction cap is not rebuilt)",
+    )
     parser.add_argument("--split", choices=("val", "test"), default="val")
     parser.add_argument("--out", type=Path, required=True, help="the table, as JSON")
     ns = parser.parse_args(argv)
@@ -121,9 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(steps)} snapshots, steps {steps[0]}-{steps[-1]}, spacing {spacing[:3]}")
     kept = last["state_dict"]
     own = rebuilt_average(states, snapshot_masses(steps, 1.0 / (1.0 - ns.decay)))
-    weights = [k for k in kept if kept[k].is_floating_point()]  # not the metrics' counts
-    gap = max((own[k].double() - kept[k].double()).abs().max().item() for k in weights)
-    size = max(kept[k].double().abs().max().item() for k in weights)
+    floats = [k for k in kept if kept[k].is_floating_point()]  # not the metrics' counts
+    gap = max((own[k].double() - kept[k].double()).abs().max().item() for k in floats)
+    size = max(kept[k].double().abs().max().item() for k in floats)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         kept_score = score(last, kept, ns.split, Path(tmp))

@@ -14,6 +14,12 @@ from torch import Tensor
 from vit.train.callbacks.budget import expected_steps
 
 
+def warmed_up_decay(decay: float, n: int) -> float:
+    """The decay of the average's update after n updates: timm's warm-up, (1 + n) / (10 + n),
+    until it reaches `decay`."""
+    return min(decay, (1 + n) / (10 + n))
+
+
 class EMA(WeightAveraging):
     """An exponential moving average of the weights, after every optimizer step:
 
@@ -65,8 +71,9 @@ class EMA(WeightAveraging):
         if trainer.global_step > self._latest_update_step:
             if self.fit_fraction is not None:
                 steps = expected_steps(trainer)
-                window = None if steps is None else self.fit_fraction * steps
-                self._cap = 1.0 if window is None else 1.0 - 1.0 / max(1.0, window)
+                self._cap = (
+                    1.0 if steps is None else 1.0 - 1.0 / max(1.0, self.fit_fraction * steps)
+                )
             self.update_average(pl_module)
             self._latest_update_step = trainer.global_step
 
@@ -109,7 +116,7 @@ class EMA(WeightAveraging):
         self, averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor | int
     ) -> None:
         n = int(num_averaged)  # an int from update_average: no host read
-        d = min(self.decay, (1 + n) / (10 + n), self._cap)
+        d = min(warmed_up_decay(self.decay, n), self._cap)
         if averaged[0].is_floating_point():  # AveragedModel groups the tensors by dtype
             torch._foreach_lerp_(averaged, current, 1.0 - d)
         else:  # integer buffers, if any: follow the model
