@@ -154,6 +154,42 @@ def test_fit_fraction_caps_the_window_at_that_share_of_the_planned_steps(tmp_pat
         assert not torch.allclose(got, other)  # the cap made a difference a test can see
 
 
+def test_a_window_under_one_step_keeps_the_live_weights(tmp_path) -> None:
+    """fit_fraction x planned steps under one step (0.02 of 40): the cap allows no averaging, so
+    after the fit the average is the last step's live weights, where decay 0.99 would lag."""
+    module = tiny_classifier(optimizer={"lr": 3e-3}, schedule={"warmup_epochs": 0.0})
+    record = Record()
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=10, callbacks=[EMA(decay=0.99, fit_fraction=0.02), record]
+    )
+    trainer.fit(module, random_loader(64))
+    assert len(record.steps) == 40
+    last, before = record.steps[-1], record.steps[-2]
+    assert not any(torch.equal(a, b) for a, b in zip(last, before, strict=True))  # still moving
+    for got, want in zip(_weights(module), last, strict=True):
+        _assert_average(got, want, 0.0)
+
+
+def test_under_a_time_budget_the_window_follows_the_projected_steps(tmp_path) -> None:
+    """cpu60.yaml's pairing: under a TimeBudget (a clock a second later at each read) the first
+    update has no projection yet and keeps no cap; from the second on, 0.02 of the projected
+    10-40 steps is under one step, so the average ends on the last step's live weights."""
+    from tests.helpers import FakeClock
+    from vit.train.callbacks.budget import TimeBudget
+
+    budget = TimeBudget(minutes=1.0)
+    budget.clock = FakeClock(1.0)
+    module = tiny_classifier(schedule={"warmup_epochs": 0.0, "warmup_fraction": 0.1})
+    record = Record()
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1000, callbacks=[budget, EMA(decay=0.99, fit_fraction=0.02), record]
+    )
+    trainer.fit(module, random_loader(64))
+    assert 10 <= len(record.steps) <= 40 and budget.fraction() == 1.0
+    for got, want in zip(_weights(module), record.steps[-1], strict=True):
+        _assert_average(got, want, 0.0)
+
+
 def test_expected_steps_project_the_budget_from_the_time_used() -> None:
     """Under a TimeBudget: the steps made before the current one over the share of time they
     took; none before a step and some time; without one, the planned steps."""
@@ -169,6 +205,8 @@ def test_expected_steps_project_the_budget_from_the_time_used() -> None:
     assert expected_steps(trainer) is None
     budget.progress, trainer.global_step = 0.25, 1
     assert expected_steps(trainer) is None
+    budget.progress, trainer.global_step = 0.5, 2  # one step made: already a projection
+    assert expected_steps(trainer) == 2.0
     trainer.callbacks = []
     assert expected_steps(trainer) == 7.0
 
@@ -177,6 +215,10 @@ def test_expected_steps_project_the_budget_from_the_time_used() -> None:
 def test_ema_fit_fraction_outside_zero_one_is_refused(fraction: float) -> None:
     with pytest.raises(ValueError, match=r"EMA fit_fraction=.* must be in \(0, 1\]"):
         EMA(fit_fraction=fraction)
+
+
+def test_ema_fit_fraction_one_the_whole_fit_is_accepted() -> None:
+    assert EMA(fit_fraction=1.0).fit_fraction == 1.0
 
 
 def test_with_gradient_accumulation_the_average_updates_once_per_optimizer_step(tmp_path) -> None:
