@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from vit.model.attention import Attention
 from vit.model.vision_transformer import VisionTransformer
+from vit.train.callbacks.budget import TimeBudget
 from vit.train.muon import NS_COEFFICIENTS
 
 if TYPE_CHECKING:
@@ -170,6 +171,17 @@ class FakeClock:
     def __call__(self) -> float:
         self.now += self.tick
         return self.now
+
+
+# a schedule a TimeBudget can run: no epoch warm-up, a tenth of the budget instead
+BUDGET_SCHEDULE = {"warmup_epochs": 0.0, "warmup_fraction": 0.1}
+
+
+def budget(minutes: float = 1.0, tick: float = 1.0) -> TimeBudget:
+    """A TimeBudget on a FakeClock: each read of the clock is `tick` seconds later."""
+    callback = TimeBudget(minutes=minutes)
+    callback.clock = FakeClock(tick)
+    return callback
 
 
 class GraphCount(L.Callback):

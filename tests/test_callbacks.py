@@ -12,12 +12,17 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.helpers import FakeClock, quiet_trainer, random_loader, tiny_classifier
+from tests.helpers import (
+    BUDGET_SCHEDULE,
+    budget,
+    quiet_trainer,
+    random_loader,
+    tiny_classifier,
+)
 from vit.train.callbacks.budget import TimeBudget, fit_progress
 from vit.train.callbacks.checkpointing import FiniteLoss
 from vit.train.callbacks.curricula import MixSchedule, PatchDropSchedule, ResolutionSchedule
 
-BUDGET_SCHEDULE = {"warmup_epochs": 0.0, "warmup_fraction": 0.1}
 MIX_EXAMPLE = "e.g. [[0, 0.5], [0.85, 0]]: half the batches mixed until 85% of training, then none"
 RESOLUTION_EXAMPLE = (
     "e.g. [[0, 16], [0.3, 24], [0.55, 32]]: 16x16 images for the first 30% of training, "
@@ -37,12 +42,6 @@ class RecordLR(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
-
-
-def budget(minutes: float = 1.0, tick: float = 1.0) -> TimeBudget:
-    callback = TimeBudget(minutes=minutes)
-    callback.clock = FakeClock(tick)
-    return callback
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path) -> None:

@@ -174,18 +174,16 @@ def test_under_a_time_budget_the_window_follows_the_projected_steps(tmp_path) ->
     """cpu60.yaml's pairing: under a TimeBudget (a clock a second later at each read) the first
     update has no projection yet and keeps no cap; from the second on, 0.02 of the projected
     10-40 steps is under one step, so the average ends on the last step's live weights."""
-    from tests.helpers import FakeClock
-    from vit.train.callbacks.budget import TimeBudget
+    from tests.helpers import BUDGET_SCHEDULE, budget
 
-    budget = TimeBudget(minutes=1.0)
-    budget.clock = FakeClock(1.0)
-    module = tiny_classifier(schedule={"warmup_epochs": 0.0, "warmup_fraction": 0.1})
+    clock = budget(minutes=1.0, tick=1.0)
+    module = tiny_classifier(schedule=BUDGET_SCHEDULE)
     record = Record()
     trainer = quiet_trainer(
-        tmp_path, max_epochs=1000, callbacks=[budget, EMA(decay=0.99, fit_fraction=0.02), record]
+        tmp_path, max_epochs=1000, callbacks=[clock, EMA(decay=0.99, fit_fraction=0.02), record]
     )
     trainer.fit(module, random_loader(64))
-    assert 10 <= len(record.steps) <= 40 and budget.fraction() == 1.0
+    assert 10 <= len(record.steps) <= 40 and clock.fraction() == 1.0
     for got, want in zip(_weights(module), record.steps[-1], strict=True):
         _assert_average(got, want, 0.0)
 
