@@ -294,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(result))
     if ns.name:
         out = REPO / "experiments" / "record" / "benchmarks" / ns.name
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-        out.with_suffix(".md").write_text(markdown(result))
+        (out.parent / f"{out.name}.json").write_text(json.dumps(result, indent=2))  # "a1.5" whole
+        (out.parent / f"{out.name}.md").write_text(markdown(result))
         print(f"wrote {out}.md and .json")
     return 0
 

@@ -260,11 +260,17 @@ def main(argv: list[str] | None = None) -> int:
         result["fit"] = fit_step_times(ns.fit_log, plan, minutes=budget_minutes(config))
     print(markdown(result, ns))
     if ns.name:
-        out = REPO / "experiments" / "record" / "benchmarks" / ns.name
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-        out.with_suffix(".md").write_text(markdown(result, ns))
-        print(f"wrote {out}.md and .json")
+        write_record(ns.name, result, markdown(result, ns))
     return 0
+
+
+def write_record(name: str, data: object, text: str) -> None:
+    """NAME.json and NAME.md in the benchmarks record; the name is kept whole (a dot in it, as in
+    "mlp1.5", is not a suffix to replace)."""
+    out = REPO / "experiments" / "record" / "benchmarks"
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
+    (out / f"{name}.md").write_text(text)
+    print(f"wrote {out / name}.md and .json")
 
 
 def profile_stage(run: Callable, ns: argparse.Namespace) -> int:
@@ -362,10 +368,7 @@ def against_fit(config: dict, batch: int, dtype, stage: tuple, ns: argparse.Name
     text = "\n".join(lines) + "\n"
     print(text)
     if ns.name:
-        out = REPO / "experiments" / "record" / "benchmarks" / ns.name
-        out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
-        out.with_suffix(".md").write_text(text)
-        print(f"wrote {out}.md and .json")
+        write_record(ns.name, rows, text)
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -96,6 +97,20 @@ def test_step_timer_writes_the_median_gap_after_the_first_twenty(
     assert line == {"label": "fit --x", "ms": 100.0, "steps": 10}
 
 
+def test_a_record_name_with_a_dot_is_written_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(step, "REPO", tmp_path)
+    (tmp_path / "experiments" / "record" / "benchmarks").mkdir(parents=True)
+    step.write_record("recipe-step-mlp1.5", {"steps": 3}, "| table |\n")
+    out = tmp_path / "experiments" / "record" / "benchmarks"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "recipe-step-mlp1.5.json",
+        "recipe-step-mlp1.5.md",
+    ]
+    assert json.loads((out / "recipe-step-mlp1.5.json").read_text()) == {"steps": 3}
+
+
 def test_peer_schedule_warms_up_then_falls_to_zero() -> None:
     assert peer.lr_factor(0.0) == 0.0
     assert peer.lr_factor(0.025) == pytest.approx(0.5)
@@ -113,10 +128,12 @@ def test_peer_fit_scores_on_its_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(peer, "cifar10", lambda: (images, labels, images[:50], labels[:50]))
     tiny = dict(image_size=32, patch_size=8, num_classes=10, dim=16, depth=1, heads=2, mlp_dim=32)
     monkeypatch.setattr(peer, "peer_model", lambda: vit_pytorch.ViT(**tiny))
-    out = peer.train_peer(minutes=0.01, eval_every=0.004, seed=0, dtype=None)
-    minutes = [p["minutes"] for p in out["curve"]]
-    assert out["steps"] > 2 and out["steps"] == out["curve"][-1]["steps"]
-    assert len(minutes) >= 2 and minutes == sorted(minutes) and minutes[-1] >= 0.01 - 0.005
+    ticks = iter(0.125 * k for k in range(10_000))  # each step reads the clock twice: 0.125 s
+    monkeypatch.setattr(peer, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    out = peer.train_peer(minutes=0.01, eval_every=0.004, seed=0, dtype=None)  # 0.6 s, every 0.24
+    assert out["steps"] == 5  # 0.625 s is the first total past the budget
+    assert [p["steps"] for p in out["curve"]] == [2, 4, 5]  # 0.25 and 0.5 s, then the end
+    assert [p["minutes"] for p in out["curve"]] == [round(t / 60, 2) for t in (0.25, 0.5, 0.625)]
     assert all(p["test_acc"] in {k / 50 for k in range(51)} for p in out["curve"])
 
 
@@ -248,12 +265,12 @@ def test_the_peer_from_an_earlier_run_is_named_and_not_trained_again(
     monkeypatch.setattr(peer, "REPO", tmp_path)  # where --name writes
     (tmp_path / "experiments" / "record" / "benchmarks").mkdir(parents=True)
     config = str(REPO / "experiments" / "cpu60.yaml")
-    assert peer.main(["--peer-from", str(earlier), "--config", config, "--name", "out"]) == 0
-    written = json.loads((tmp_path / "experiments/record/benchmarks/out.json").read_text())
+    assert peer.main(["--peer-from", str(earlier), "--config", config, "--name", "out-1.5"]) == 0
+    written = json.loads((tmp_path / "experiments/record/benchmarks/out-1.5.json").read_text())
     assert written["peer"]["test_acc"] == 0.65 and written["peer_minutes"] == 20.0  # the file's
     assert written["peer_from"] == {"file": earlier.name, "date": "2026-11-29", "cpu": "cpu",
                                     "flags": ["avx2"]}  # fmt: skip
-    text = (tmp_path / "experiments/record/benchmarks/out.md").read_text()
+    text = (tmp_path / "experiments/record/benchmarks/out-1.5.md").read_text()  # a dot kept
     assert "+5.00% (reached)" in text
     assert f"The peer's side is {earlier.name}'s fit (2026-11-29, cpu, avx2), not trained" in text
 
