@@ -187,6 +187,32 @@ def training_gflop_per_image(*, width: int, depth: int, heads: int, mlp: int) ->
     return 3 * 2 * (depth * (linear + attention) + patches) / 1e9
 
 
+def gemm_peak(
+    dtype: torch.dtype,
+    *,
+    sizes: tuple[int, ...] = (2048, 4096),
+    device: str = "cpu",
+    rounds: int = 3,
+) -> float:
+    """This machine's best GEMM rate in GFLOP/s: n x n x n products for each n in `sizes`, the
+    fastest of `rounds` after a warm-up."""
+    g = torch.Generator().manual_seed(0)
+    sync = synchronizer(device)
+    peak = 0.0
+    for n in sizes:
+        a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
+        a @ b
+        sync()
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            a @ b
+            sync()
+            times.append(time.perf_counter() - t)
+        peak = max(peak, 2 * n**3 / min(times) / 1e9)
+    return peak
+
+
 def matmul_ceiling(
     *,
     width: int,
@@ -199,21 +225,8 @@ def matmul_ceiling(
 ) -> dict[str, float]:
     """The most images/s a training step could reach here if only its matrix products took
     time and each ran at this machine's best GEMM rate: that of large square products (the
-    step's own, skinny ones run slower), fastest of 3 after a warm-up."""
-    g = torch.Generator().manual_seed(0)
-    sync = synchronizer(device)
-    peak = 0.0
-    for n in sizes:
-        a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
-        a @ b
-        sync()
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            a @ b
-            sync()
-            times.append(time.perf_counter() - t)
-        peak = max(peak, 2 * n**3 / min(times) / 1e9)
+    step's own, skinny ones run slower)."""
+    peak = gemm_peak(dtype, sizes=sizes, device=device)
     gflop = training_gflop_per_image(width=width, depth=depth, heads=heads, mlp=mlp)
     return {
         "gemm_peak_gflop_per_s": round(peak, 1),

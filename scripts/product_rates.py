@@ -25,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))  # scripts/ is no package: benchmark.py's GEMM peak
 
 from vit.commands.entry import switch_mkl  # noqa: E402
 
@@ -33,6 +34,7 @@ if __name__ == "__main__":  # as the entry points: MKL's AVX2 kernels on AMD CPU
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from benchmark import gemm_peak  # noqa: E402
 
 from vit.system.hardware import (  # noqa: E402
     check_cpp_compiler,
@@ -56,10 +58,18 @@ def best_ms(fn: Callable[[], object], *, rounds: int, repeat: int) -> float:
     return best * 1e3
 
 
-def square_rate(dtype: torch.dtype, n: int, rounds: int) -> float:
-    """GFLOP/s of an n x n x n product: the machine's rate on a large, easy shape."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    return 2 * n**3 / best_ms(lambda: a @ b, rounds=rounds, repeat=1) / 1e6
+def product_row(
+    fn: Callable[[], object], tokens: int, layer: str, product: str, gflop: float, rounds: int
+) -> dict:
+    """One table row: `fn` (a product of `gflop` GFLOP) timed, in ms and GFLOP/s."""
+    ms = best_ms(fn, rounds=rounds, repeat=5)
+    return dict(
+        tokens=tokens,
+        layer=layer,
+        product=product,
+        ms=round(ms, 3),
+        gflop_per_s=round(gflop / ms * 1e3, 1),
+    )
 
 
 def linear_rows(dtype: torch.dtype, *, tokens: int, width: int, mlp: int, rounds: int) -> list:
@@ -79,16 +89,7 @@ def linear_rows(dtype: torch.dtype, *, tokens: int, width: int, mlp: int, rounds
             "input grad g W": lambda g=g, w=w: g @ w,
             "weight grad g^T x": lambda g=g, x=x: g.t() @ x,
         }.items():
-            ms = best_ms(fn, rounds=rounds, repeat=5)
-            rows.append(
-                dict(
-                    tokens=tokens,
-                    layer=layer,
-                    product=product,
-                    ms=round(ms, 3),
-                    gflop_per_s=round(gflop / ms * 1e3, 1),
-                )
-            )
+            rows.append(product_row(fn, tokens, layer, product, gflop, rounds))
     return rows
 
 
@@ -100,19 +101,8 @@ def attention_rows(
     q = torch.randn(matrices, seq, head_dim).to(dtype)
     a = torch.randn(matrices, seq, seq).to(dtype)
     gflop = 2 * matrices * seq * seq * head_dim / 1e9
-    rows = []
-    for product, fn in {"q k^T": lambda: q @ q.mT, "a v": lambda: a @ q}.items():
-        ms = best_ms(fn, rounds=rounds, repeat=5)
-        rows.append(
-            dict(
-                tokens=tokens,
-                layer="attention",
-                product=product,
-                ms=round(ms, 3),
-                gflop_per_s=round(gflop / ms * 1e3, 1),
-            )
-        )
-    return rows
+    products = {"q k^T": lambda: q @ q.mT, "a v": lambda: a @ q}
+    return [product_row(fn, tokens, "attention", p, gflop, rounds) for p, fn in products.items()]
 
 
 def gelu_rows(dtype: torch.dtype, *, tokens: int, mlp: int, rounds: int) -> list:
@@ -211,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         threads=torch.get_num_threads(),
         precision=precision,
         square=ns.square,
-        square_gflop_per_s=round(square_rate(dtype, ns.square, ns.rounds), 1),
+        square_gflop_per_s=round(gemm_peak(dtype, sizes=(ns.square,), rounds=ns.rounds), 1),
         products=products,
         gelu=gelu_rows(dtype, tokens=ns.tokens[-1], mlp=ns.mlp, rounds=ns.rounds),
     )
