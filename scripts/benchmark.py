@@ -498,6 +498,15 @@ def summary_lines(results: dict) -> list[str]:
     return lines
 
 
+def write_record(out: Path, name: str, data: object, text: str) -> None:
+    """NAME.json and NAME.md in the folder `out` (the benchmarks record, for every script that
+    keeps one); the name is kept whole: a dot in it, as in "mlp1.5", is not a suffix to replace."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
+    (out / f"{name}.md").write_text(text)
+    print(f"wrote {out / name}.md and .json")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="batch 128, width 192, fewer rounds")
@@ -568,10 +577,8 @@ def main(argv: list[str] | None = None) -> None:
         results["memory_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
     else:
         results = run(args)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{args.name}.json").write_text(json.dumps(results, indent=2))
-    (OUT / f"{args.name}.md").write_text(to_markdown(results))
     print(to_markdown(results))
+    write_record(OUT, args.name, results, to_markdown(results))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))  # scripts/ is no package: benchmark.py's record writer
 
 from vit.commands.entry import switch_mkl  # noqa: E402
 
@@ -47,6 +48,7 @@ if __name__ == "__main__":  # as vit-train: MKL's AVX2 kernels on AMD CPUs, befo
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
+from benchmark import write_record  # noqa: E402
 
 from vit.system.hardware import cpu_has_fast_bf16, cpu_name, vector_flags  # noqa: E402
 
@@ -291,12 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         result["peer"] = (empty if ns.skip == "peer"
                           else train_peer(ns.minutes, ns.eval_every, ns.seed, dtype))  # fmt: skip
     result["ours"] = empty if ns.skip == "ours" else train_ours(ns.ours_minutes, ns.seed, ns.config)
-    print(markdown(result))
+    text = markdown(result)
+    print(text)
     if ns.name:
-        out = REPO / "experiments" / "record" / "benchmarks" / ns.name
-        (out.parent / f"{out.name}.json").write_text(json.dumps(result, indent=2))  # "a1.5" whole
-        (out.parent / f"{out.name}.md").write_text(markdown(result))
-        print(f"wrote {out}.md and .json")
+        write_record(REPO / "experiments" / "record" / "benchmarks", ns.name, result, text)
     return 0
 
 

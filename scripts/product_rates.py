@@ -1,23 +1,24 @@
-"""Where a training step's matrix products and its GELU stand against this machine's own rates.
+"""Where a training step's products and elementwise kernels stand against this machine's rates.
 
     python scripts/product_rates.py --name product-rates-amx-m167
     python scripts/product_rates.py --precision 32-true --mlp 384 --tokens 2048 8192
 
 Each linear layer of the benchmark's ViT (width 192, MLP 768, 65 tokens a image, batch 128: 8,320
 tokens) makes three products a step: the forward x W^T, the input's gradient g W, and the weight's
-gradient g^T x, a reduction over every token of the batch into a small matrix. Each is timed alone
-(best of rounds) and given in GFLOP/s beside the machine's large square product, and so are the
+gradient g^T x, a reduction over every token of the batch into a small matrix; the last once more
+with g stored transposed, which tells a slow kernel from a slow layout. Each is timed alone (best
+of rounds) and given in GFLOP/s beside the machine's large square product, and so are the
 attention's per-head products (batch x heads small matrices). Then GELU forward and backward at
-the MLP's width: ATen's kernels (what eager runs) against inductor's generated ones (what
-torch.compile runs), the same arithmetic. A profile says how long the step's products take; this
-says which of them run slowly and whether the generated elementwise code keeps up.
+the MLP's width, and the copy that would store g transposed: ATen's kernels (what eager runs)
+against inductor's generated ones (what torch.compile runs), the same arithmetic. A profile says
+how long the step's products take; this says which of them run slowly and why, and whether the
+generated elementwise code keeps up.
 Writes experiments/record/benchmarks/<name>.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -34,7 +35,7 @@ if __name__ == "__main__":  # as the entry points: MKL's AVX2 kernels on AMD CPU
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from benchmark import gemm_peak  # noqa: E402
+from benchmark import gemm_peak, write_record  # noqa: E402
 
 from vit.system.hardware import (  # noqa: E402
     check_cpp_compiler,
@@ -83,11 +84,15 @@ def linear_rows(dtype: torch.dtype, *, tokens: int, width: int, mlp: int, rounds
     }.items():
         x, g = torch.randn(tokens, inp).to(dtype), torch.randn(tokens, out).to(dtype)
         w = torch.randn(out, inp).to(dtype)
+        g_cols = g.t().contiguous()  # the same gradient stored column by column
         gflop = 2 * tokens * out * inp / 1e9
         for product, fn in {
             "forward x W^T": lambda x=x, w=w: x @ w.t(),
             "input grad g W": lambda g=g, w=w: g @ w,
             "weight grad g^T x": lambda g=g, x=x: g.t() @ x,
+            # the same product with its first operand contiguous along the tokens: what the weight
+            # gradient would cost if the backward stored g transposed (the copy not timed here)
+            "weight grad, g stored transposed": lambda g_cols=g_cols, x=x: g_cols @ x,
         }.items():
             rows.append(product_row(fn, tokens, layer, product, gflop, rounds))
     return rows
@@ -105,9 +110,12 @@ def attention_rows(
     return [product_row(fn, tokens, "attention", p, gflop, rounds) for p, fn in products.items()]
 
 
-def gelu_rows(dtype: torch.dtype, *, tokens: int, mlp: int, rounds: int) -> list:
-    """GELU forward and backward on (tokens, mlp): ATen's kernels against inductor's."""
+def elementwise_rows(dtype: torch.dtype, *, tokens: int, width: int, mlp: int, rounds: int) -> list:
+    """ATen's kernels (what eager runs) against inductor's (what torch.compile runs) on the MLP's
+    GELU, forward and backward, and on the copy that would store the qkv and fc1 gradients
+    transposed (the price of the fast weight-gradient row above)."""
     x, g = torch.randn(tokens, mlp).to(dtype), torch.randn(tokens, mlp).to(dtype)
+    g_qkv = torch.randn(tokens, 3 * width).to(dtype)
 
     def forward(a):  # noqa: ANN001, ANN202
         return F.gelu(a)
@@ -115,22 +123,22 @@ def gelu_rows(dtype: torch.dtype, *, tokens: int, mlp: int, rounds: int) -> list
     def backward(grad, a):  # noqa: ANN001, ANN202
         return torch.ops.aten.gelu_backward(grad, a)
 
-    compiled_f, compiled_b = torch.compile(forward), torch.compile(backward)
-    timed = {
-        ("forward", "eager"): lambda: forward(x),
-        ("forward", "compiled"): lambda: compiled_f(x),
-        ("backward", "eager"): lambda: backward(g, x),
-        ("backward", "compiled"): lambda: compiled_b(g, x),
+    def transposed(a):  # noqa: ANN001, ANN202
+        return a.t().contiguous()
+
+    ops = {
+        "gelu forward": (forward, (x,)),
+        "gelu backward": (backward, (g, x)),
+        f"g^T copy ({tokens} x {3 * width})": (transposed, (g_qkv,)),
+        f"g^T copy ({tokens} x {mlp})": (transposed, (g,)),
     }
-    return [
-        dict(
-            tokens=tokens,
-            op=f"gelu {way}",
-            kernels=kind,
-            ms=round(best_ms(fn, rounds=rounds, repeat=10), 3),
-        )
-        for (way, kind), fn in timed.items()
-    ]
+    rows = []
+    for op, (fn, args) in ops.items():
+        compiled = torch.compile(fn)
+        for kind, f in {"eager": fn, "compiled": compiled}.items():
+            ms = best_ms(lambda f=f, args=args: f(*args), rounds=rounds, repeat=10)
+            rows.append(dict(tokens=tokens, op=op, kernels=kind, ms=round(ms, 3)))
+    return rows
 
 
 def to_markdown(res: dict) -> str:
@@ -151,8 +159,8 @@ def to_markdown(res: dict) -> str:
             f"{r['gflop_per_s']:,.0f} | {r['gflop_per_s'] / peak:.0%} |"
         )
     lines += ["", "| tokens | op | kernels | ms | compiled / eager |", "|---|---|---|---|---|"]
-    eager = {r["op"]: r["ms"] for r in res["gelu"] if r["kernels"] == "eager"}
-    for r in res["gelu"]:
+    eager = {r["op"]: r["ms"] for r in res["elementwise"] if r["kernels"] == "eager"}
+    for r in res["elementwise"]:
         lines.append(
             f"| {r['tokens']} | {r['op']} | {r['kernels']} | {r['ms']} | "
             f"{r['ms'] / eager[r['op']]:.2f}x |"
@@ -203,14 +211,13 @@ def main(argv: list[str] | None = None) -> dict:
         square=ns.square,
         square_gflop_per_s=round(gemm_peak(dtype, sizes=(ns.square,), rounds=ns.rounds), 1),
         products=products,
-        gelu=gelu_rows(dtype, tokens=ns.tokens[-1], mlp=ns.mlp, rounds=ns.rounds),
+        elementwise=elementwise_rows(
+            dtype, tokens=ns.tokens[-1], width=ns.width, mlp=ns.mlp, rounds=ns.rounds
+        ),
     )
     print(to_markdown(res))
     if ns.name:
-        ns.out_dir.mkdir(parents=True, exist_ok=True)
-        (ns.out_dir / f"{ns.name}.json").write_text(json.dumps(res, indent=1) + "\n")
-        (ns.out_dir / f"{ns.name}.md").write_text(to_markdown(res))
-        print(f"wrote {ns.out_dir / ns.name}.md and .json")
+        write_record(ns.out_dir, ns.name, res, to_markdown(res))
     return res
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))  # scripts/ is no package: benchmark.py's record writer
 
 from vit.commands.entry import switch_mkl  # noqa: E402
 
@@ -40,6 +41,7 @@ if __name__ == "__main__":  # as vit-train: MKL's AVX2 kernels on AMD CPUs, befo
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
+from benchmark import write_record  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from vit.system.hardware import cpu_has_fast_bf16, cpu_name, vector_flags  # noqa: E402
@@ -258,19 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     result = summarize(plan, rounds, batch=batch, dtype=dtype)
     if ns.fit_log:
         result["fit"] = fit_step_times(ns.fit_log, plan, minutes=budget_minutes(config))
-    print(markdown(result, ns))
+    text = markdown(result, ns)
+    print(text)
     if ns.name:
-        write_record(ns.name, result, markdown(result, ns))
+        write_record(REPO / "experiments" / "record" / "benchmarks", ns.name, result, text)
     return 0
-
-
-def write_record(name: str, data: object, text: str) -> None:
-    """NAME.json and NAME.md in the benchmarks record; the name is kept whole (a dot in it, as in
-    "mlp1.5", is not a suffix to replace)."""
-    out = REPO / "experiments" / "record" / "benchmarks"
-    (out / f"{name}.json").write_text(json.dumps(data, indent=2))
-    (out / f"{name}.md").write_text(text)
-    print(f"wrote {out / name}.md and .json")
 
 
 def profile_stage(run: Callable, ns: argparse.Namespace) -> int:

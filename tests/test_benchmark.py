@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -159,3 +162,15 @@ def test_compile_times_every_model_twice_and_the_best_of_each_side_meets(
     with pytest.raises(SystemExit):
         bench.main(["--compile", "--quick"])
     assert "--compile needs a C++ compiler" in capsys.readouterr().err
+
+
+def test_a_record_name_with_a_dot_is_written_whole(tmp_path: Path) -> None:
+    """The one record writer of the scripts (benchmark, recipe_step, peer_recipe, product_rates)."""
+    out = tmp_path / "record" / "benchmarks"  # made by the writer
+    bench.write_record(out, "recipe-step-mlp1.5", {"steps": 3}, "| table |\n")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "recipe-step-mlp1.5.json",
+        "recipe-step-mlp1.5.md",
+    ]
+    assert json.loads((out / "recipe-step-mlp1.5.json").read_text()) == {"steps": 3}
+    assert (out / "recipe-step-mlp1.5.md").read_text() == "| table |\n"

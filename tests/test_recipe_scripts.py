@@ -97,20 +97,6 @@ def test_step_timer_writes_the_median_gap_after_the_first_twenty(
     assert line == {"label": "fit --x", "ms": 100.0, "steps": 10}
 
 
-def test_a_record_name_with_a_dot_is_written_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(step, "REPO", tmp_path)
-    (tmp_path / "experiments" / "record" / "benchmarks").mkdir(parents=True)
-    step.write_record("recipe-step-mlp1.5", {"steps": 3}, "| table |\n")
-    out = tmp_path / "experiments" / "record" / "benchmarks"
-    assert sorted(p.name for p in out.iterdir()) == [
-        "recipe-step-mlp1.5.json",
-        "recipe-step-mlp1.5.md",
-    ]
-    assert json.loads((out / "recipe-step-mlp1.5.json").read_text()) == {"steps": 3}
-
-
 def test_peer_schedule_warms_up_then_falls_to_zero() -> None:
     assert peer.lr_factor(0.0) == 0.0
     assert peer.lr_factor(0.025) == pytest.approx(0.5)
