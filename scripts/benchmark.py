@@ -577,8 +577,9 @@ def main(argv: list[str] | None = None) -> None:
         results["memory_command"] = "python scripts/benchmark.py " + " ".join(args.argv)
     else:
         results = run(args)
-    print(to_markdown(results))
-    write_record(OUT, args.name, results, to_markdown(results))
+    text = to_markdown(results)
+    print(text)
+    write_record(OUT, args.name, results, text)
 
 
 if __name__ == "__main__":

@@ -215,9 +215,10 @@ def main(argv: list[str] | None = None) -> dict:
             dtype, tokens=ns.tokens[-1], width=ns.width, mlp=ns.mlp, rounds=ns.rounds
         ),
     )
-    print(to_markdown(res))
+    text = to_markdown(res)
+    print(text)
     if ns.name:
-        write_record(ns.out_dir, ns.name, res, to_markdown(res))
+        write_record(ns.out_dir, ns.name, res, text)
     return res
 
 
