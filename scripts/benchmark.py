@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vit.commands.entry import switch_mkl
-from vit.system import mkl_amd
+from vit.system import malloc, mkl_amd
 
 if __name__ == "__main__":  # a command: MKL's AVX2 kernels on AMD CPUs, before torch loads
     switch_mkl()
@@ -346,6 +346,7 @@ def run(args: argparse.Namespace) -> dict:
             "isa": torch.backends.cpu.get_cpu_capability(),
             "native_bf16": cpu_has_fast_bf16(),
             "mkl_amd": mkl_amd.status(),  # every model here runs on the same MKL path
+            "malloc": malloc.status(),  # and the same malloc settings (vit/system/malloc.py)
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "cuda": torch.cuda.is_available(),

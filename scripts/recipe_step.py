@@ -44,6 +44,7 @@ import yaml  # noqa: E402
 from benchmark import write_record  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
+from vit.system import malloc  # noqa: E402
 from vit.system.hardware import cpu_has_fast_bf16, cpu_name, vector_flags  # noqa: E402
 
 PHASES = ("augment", "forward+loss", "backward", "optimizer", "ema")
@@ -121,9 +122,24 @@ def embed_every_patch_then_drop(model: torch.nn.Module) -> None:
     model.embed = embed
 
 
+def malloc_thresholds(variant: str) -> tuple[int, int, int] | None:
+    """The malloc thresholds a variant's steps run under: glibc-malloc, glibc's starting 128 KiB
+    held fixed, and every free page handed back before each step (the state in which glibc's
+    defaults fault a step's memory in again; whether a fit falls into it depends on its heap's
+    layout); any other variant, those of vit.system.malloc where its switch is on; None (left
+    alone) where it is off."""
+    if variant == "glibc-malloc":
+        return 128 << 10, 128 << 10, 0
+    if malloc.status().startswith("on"):
+        return malloc.MMAP_THRESHOLD, malloc.TRIM_THRESHOLD, malloc.TOP_PAD
+    return None
+
+
 def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None) -> Callable:
     """A function (side, drop) -> {phase: seconds} running one training step of `variant`."""
     ops = _script("count_step_ops")
+    thresholds = malloc_thresholds(variant)
+    variant = "baseline" if variant == "glibc-malloc" else variant
     drop_after = variant.endswith("drop-after")
     variant = variant.removesuffix("drop-after").removesuffix("-") or "baseline"
     setting, compiled_with = split_compiled(variant)
@@ -159,6 +175,10 @@ def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None)
     gen = torch.Generator().manual_seed(0)
 
     def one(side: int, drop: float) -> dict[str, float]:
+        if thresholds is not None:  # interleaved variants may differ: each sets its own
+            malloc.set_thresholds(*thresholds)
+            if thresholds[1] < malloc.TRIM_THRESHOLD:
+                malloc.trim()
         module.model.set_patch_drop(drop)
         times: dict[str, float] = {}
         t = time.perf_counter()
@@ -198,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="baseline, compiled (the network under torch.compile), compiled-step (the "
                    "optimizer's update too: optimizer.compile), compiled-optimizer (the update "
                    "only), one-stack (Muon's shapes in one padded stack, as on a GPU), compiled-MODE "
-                   "(max-autotune, ...), ema-every-K, batch-N, drop-after or compiled-drop-after (every "
+                   "(max-autotune, ...), ema-every-K, batch-N, glibc-malloc (the baseline with glibc's "
+                   "malloc thresholds as they start, fixed: vit/system/malloc.py), drop-after or compiled-drop-after (every "
                    "patch embedded, then dropped: the order before), KEY.PATH=VALUE (one config "
                    "setting changed, e.g. model.network.mlp_ratio=4), or compiled+KEY.PATH=VALUE "
                    "(that setting, the network compiled)")  # fmt: skip
@@ -431,6 +452,7 @@ def summarize(plan, rounds, *, batch: int, dtype) -> dict:  # noqa: ANN001
         "cpu": cpu_name(),
         "flags": sorted(vector_flags()),
         "torch": torch.__version__,
+        "malloc": malloc.status(),
         "batch": batch,
         "dtype": "bf16-mixed" if dtype else "float32",
         "stages": [{"share": s, "side": side, "drop": d} for s, side, d in plan],
@@ -458,7 +480,8 @@ def markdown(result: dict, ns: argparse.Namespace) -> str:
     cmd = "python scripts/recipe_step.py " + shlex.join(sys.argv[1:])
     lines = [f"`{cmd}`", "",
              f"{result['date']}, {result['cpu']} ({' '.join(result['flags'])}), torch {result['torch']}, batch {result['batch']}, "
-             f"{result['dtype']}, {ns.rounds} rounds x {ns.steps} steps per stage (medians).", "",
+             f"{result['dtype']}, {ns.rounds} rounds x {ns.steps} steps per stage (medians); "
+             f"malloc: {result.get('malloc', 'glibc as it starts')}.", "",
              "| variant | stage (share) | " + " | ".join(PHASES) + " | step ms | img/s |",
              "|---" * (len(PHASES) + 4) + "|"]  # fmt: skip
     for v, r in result["variants"].items():

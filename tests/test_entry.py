@@ -1,4 +1,5 @@
-"""`import vit` only defines things; the commands (vit/commands/entry.py) switch MKL before torch loads."""
+"""`import vit` only defines things; the commands (vit/commands/entry.py) switch MKL before torch
+loads, and malloc's thresholds."""
 
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def test_the_checkout_watcher_catches_a_module_that_writes_on_import(
 COMMANDS = """
 import os, sys
 from vit.commands import entry
-from vit.system import inductor_cache, mkl_amd
+from vit.system import inductor_cache, malloc, mkl_amd
 ARGS = {
     "train": ["fit", "--help"], "evaluate": ["--help"], "visualize": ["--help"], "explore": ["--help"],
     "predict": ["--help"], "inspect": ["--help"], "export": ["--help"],
@@ -171,10 +172,11 @@ separate = inductor_cache.separate_by_capability
 def stop():
     folder = separate()
     set_here = folder is not None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder
-    print("SWITCH", "torch loaded:", "torch" in sys.modules, "mkl:", switched == [True],
+    print("SWITCH", "torch loaded:", "torch" in sys.modules, "mkl, malloc:", switched == [1, 2],
           "cache:", set_here, flush=True)
     raise Stop
-mkl_amd.enable = lambda: switched.append(True)
+mkl_amd.enable = lambda: switched.append(1)
+malloc.keep_freed_memory = lambda: switched.append(2)
 inductor_cache.separate_by_capability = stop
 for name in ARGS:
     switched.clear()
@@ -183,7 +185,7 @@ for name in ARGS:
         getattr(entry, name)()
     except Stop:
         pass
-mkl_amd.enable = lambda: "off: a test"
+mkl_amd.enable = malloc.keep_freed_memory = lambda: "off: a test"
 inductor_cache.separate_by_capability = lambda: None
 for name, argv in ARGS.items():
     sys.argv = [f"vit-{name}", *argv]
@@ -203,7 +205,7 @@ def test_each_command_switches_before_torch_loads_and_helps() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [ln for ln in lines if ln.startswith(("SWITCH", "EXIT"))] == [
-        *["SWITCH torch loaded: False mkl: True cache: True"] * 7,
+        *["SWITCH torch loaded: False mkl, malloc: True cache: True"] * 7,
         "EXIT train 0",
         "EXIT evaluate 0",
         "EXIT visualize 0",

@@ -158,7 +158,7 @@ def test_only_the_entry_points_import_the_commands(module: str) -> None:
 def test_the_commands_reach_the_switch_without_torch() -> None:
     """Importing vit.commands.entry (and with it the packages vit, vit.commands, vit.system) runs
     the standard library's imports only: torch loads after the switches (vit/system/mkl_amd.py,
-    vit/system/inductor_cache.py), and `import vit` defines nothing that loads it."""
+    vit/system/malloc.py, vit/system/inductor_cache.py), and `import vit` defines nothing that loads it."""
     seen, todo = set(), ["vit.commands.entry"]
     while todo:
         module = todo.pop()
@@ -173,6 +173,7 @@ def test_the_commands_reach_the_switch_without_torch() -> None:
         "vit.commands.entry",
         "vit.system",
         "vit.system.inductor_cache",
+        "vit.system.malloc",
         "vit.system.mkl_amd",
         "vit.system.paths",
     }

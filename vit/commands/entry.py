@@ -4,14 +4,15 @@ MKL's AVX2 kernels on AMD CPUs (vit/system/mkl_amd.py) only switch on before tor
 inductor cache's folder per ATEN_CPU_CAPABILITY (vit/system/inductor_cache.py) before torch's
 compiler loads, so this module imports no torch and nothing that does: each target switches, then
 imports its command. `python -m vit.commands.entry` is vit-train (how DDP relaunches it).
-VIT_MKL_AVX2=0 leaves MKL as torch ships it.
+VIT_MKL_AVX2=0 leaves MKL as torch ships it. glibc's malloc keeps the memory a step frees
+(vit/system/malloc.py); VIT_KEEP_FREED_MEMORY=0 leaves glibc's defaults.
 """
 
 from __future__ import annotations
 
 import logging
 
-from vit.system import inductor_cache, mkl_amd
+from vit.system import inductor_cache, malloc, mkl_amd
 
 
 def train() -> None:
@@ -72,17 +73,20 @@ def predict() -> None:
 
 
 def switch() -> None:
-    """The process-wide switches, silent: MKL's kernels on AMD, the inductor cache's folder."""
+    """The process-wide switches, silent: MKL's kernels on AMD, malloc's thresholds, the inductor
+    cache's folder."""
     mkl_amd.enable()
+    malloc.keep_freed_memory()
     inductor_cache.separate_by_capability()
 
 
 def switch_mkl() -> None:
-    """The switches, MKL's logged once, for the commands that log plain messages
+    """The switches, MKL's and malloc's logged once, for the commands that log plain messages
     (scripts/benchmark.py too); call it before anything imports torch."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     switch()
     mkl_amd.report()
+    malloc.report()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from vit.commands.whole_split import (
 from vit.io.checkpoint import load_checkpoint
 from vit.io.init_from import check_init_source
 from vit.io.migrate import LEGACY_CLASS_PATHS
-from vit.system import mkl_amd
+from vit.system import malloc, mkl_amd
 from vit.system.hardware import cpu_precision
 from vit.train.callbacks.checkpointing import FiniteLoss, SaveOnSigterm
 from vit.train.datamodule import CIFAR10DataModule
@@ -142,7 +142,8 @@ class ViTCLI(LightningCLI):
             refuse_validation(config)
         share_logger_version(config.trainer.logger)
         check_writable(config.trainer.logger)
-        mkl_amd.report(info=rank_zero_info)  # what vit-train's switch did (vit/commands/entry.py)
+        mkl_amd.report(info=rank_zero_info)  # what vit-train's switches did (vit/commands/entry.py)
+        malloc.report(info=rank_zero_info)
 
     def _merged(self, overrides: dict[str, Any], name: str) -> Any:
         """The parsed config with a nested mapping of options merged in, each checked by the
