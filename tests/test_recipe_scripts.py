@@ -61,6 +61,22 @@ def test_variants_change_one_setting_or_the_batch_and_count_images() -> None:
     assert out["batch-256"]["stages"]["16px drop 0.0"]["img_s"] == round(256 / 1.5, 1)
 
 
+def test_the_glibc_malloc_variant_runs_under_glibcs_starting_thresholds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vit.system import malloc
+
+    start = (128 << 10, 128 << 10, 0)  # glibc's mmap and trim thresholds as they start, no pad
+    kept = (malloc.MMAP_THRESHOLD, malloc.TRIM_THRESHOLD, malloc.TOP_PAD)
+    monkeypatch.setattr(malloc, "_status", "on: glibc 2.36 keeps the memory a step frees")
+    assert step.malloc_thresholds("glibc-malloc") == start
+    assert step.malloc_thresholds("baseline") == step.malloc_thresholds("compiled") == kept
+    assert start[1] < malloc.TRIM_THRESHOLD  # so its steps hand free pages back first
+    monkeypatch.setattr(malloc, "_status", "off: VIT_KEEP_FREED_MEMORY=0")
+    assert step.malloc_thresholds("baseline") is None  # glibc's own behaviour, untouched
+    assert step.malloc_thresholds("glibc-malloc") == start
+
+
 def test_drop_after_embeds_every_patch_then_drops_the_same_tokens() -> None:
     """The variant that times the order before (every patch embedded, then dropped) computes
     the model's tokens for the same draw, from every patch's embedding."""

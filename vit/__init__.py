@@ -10,7 +10,7 @@ The public API, in one place:
 
 Importing it only defines things: each name loads its module on first use (PEP 562), so
 `import vit` loads neither torch nor anything else, and process-wide switches stay with the
-commands (vit/system/mkl_amd.py, switched by vit/commands/entry.py before torch loads).
+commands (vit/system/mkl_amd.py and malloc.py, switched by vit/commands/entry.py).
 """
 
 from __future__ import annotations
