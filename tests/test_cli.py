@@ -286,6 +286,32 @@ def test_training_warns_where_the_mkl_shim_could_not_help(
         assert status in caplog.text  # the status says why and how to fix it
 
 
+@pytest.mark.parametrize(
+    ("status", "logged"),
+    [
+        ("on: glibc 2.36 keeps the memory a step frees (mmap threshold 32 MiB)", True),
+        ("off: VIT_KEEP_FREED_MEMORY=0", False),  # the user's choice: nothing to say
+    ],
+)
+def test_training_logs_what_the_malloc_switch_did(
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    status: str,
+    logged: bool,
+) -> None:
+    monkeypatch.setattr("vit.system.malloc._status", status)
+    caplog.set_level("INFO")
+    ViTCLI(
+        ViTClassifier,
+        CIFAR10DataModule,
+        args=train_args(image_tree, tmp_path / "runs")[1:],
+        run=False,
+    )
+    assert (f"vit.system.malloc: {status}" in caplog.text) == logged
+
+
 def test_a_run_records_the_precision_it_trained_with(
     image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
