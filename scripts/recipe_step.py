@@ -130,16 +130,14 @@ def malloc_thresholds(variant: str) -> tuple[int, int, int] | None:
     alone) where it is off."""
     if variant == "glibc-malloc":
         return 128 << 10, 128 << 10, 0
-    if malloc.status().startswith("on"):
-        return malloc.MMAP_THRESHOLD, malloc.TRIM_THRESHOLD, malloc.TOP_PAD
-    return None
+    return malloc.KEPT if malloc.status().startswith("on") else None
 
 
 def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None) -> Callable:
     """A function (side, drop) -> {phase: seconds} running one training step of `variant`."""
     ops = _script("count_step_ops")
-    thresholds = malloc_thresholds(variant)
-    variant = "baseline" if variant == "glibc-malloc" else variant
+    thresholds, trim_first = malloc_thresholds(variant), variant == "glibc-malloc"
+    variant = "baseline" if trim_first else variant
     drop_after = variant.endswith("drop-after")
     variant = variant.removesuffix("drop-after").removesuffix("-") or "baseline"
     setting, compiled_with = split_compiled(variant)
@@ -177,8 +175,8 @@ def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None)
     def one(side: int, drop: float) -> dict[str, float]:
         if thresholds is not None:  # interleaved variants may differ: each sets its own
             malloc.set_thresholds(*thresholds)
-            if thresholds[1] < malloc.TRIM_THRESHOLD:
-                malloc.trim()
+        if trim_first:
+            malloc.trim()
         module.model.set_patch_drop(drop)
         times: dict[str, float] = {}
         t = time.perf_counter()

@@ -68,10 +68,11 @@ def test_the_glibc_malloc_variant_runs_under_glibcs_starting_thresholds(
 
     start = (128 << 10, 128 << 10, 0)  # glibc's mmap and trim thresholds as they start, no pad
     kept = (malloc.MMAP_THRESHOLD, malloc.TRIM_THRESHOLD, malloc.TOP_PAD)
+    assert malloc.KEPT == kept
     monkeypatch.setattr(malloc, "_status", "on: glibc 2.36 keeps the memory a step frees")
     assert step.malloc_thresholds("glibc-malloc") == start
     assert step.malloc_thresholds("baseline") == step.malloc_thresholds("compiled") == kept
-    assert start[1] < malloc.TRIM_THRESHOLD  # so its steps hand free pages back first
+    assert start[1] < malloc.TRIM_THRESHOLD  # glibc trims its heap far sooner than the switch
     monkeypatch.setattr(malloc, "_status", "off: VIT_KEEP_FREED_MEMORY=0")
     assert step.malloc_thresholds("baseline") is None  # glibc's own behaviour, untouched
     assert step.malloc_thresholds("glibc-malloc") == start

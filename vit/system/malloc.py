@@ -19,6 +19,7 @@ VIT_KEEP_FREED_MEMORY=0. `status()` says what it did.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's malloc.h
 MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 2**31 - 1  # mallopt's largest (an int): up to 2 GiB free at the top stays
 TOP_PAD = 64 << 20  # grow the heap in 64 MiB reaches; pages are only faulted when touched
+KEPT = (MMAP_THRESHOLD, TRIM_THRESHOLD, TOP_PAD)  # set_thresholds' arguments for the switch
 _status = "not tried: vit.system.malloc.keep_freed_memory() has not run"
 
 
@@ -66,22 +68,31 @@ def report(info: Callable[[str], object] = log.info) -> None:
         info(f"vit.system.malloc: {_status}")
 
 
-def set_thresholds(mmap_threshold: int, trim_threshold: int, top_pad: int) -> str:
-    """mallopt's three settings for this process: 'on: glibc VERSION', or why not (never raises)."""
+@functools.cache
+def _glibc() -> tuple[ctypes.CDLL, str] | None:
+    """This process's C library and glibc's version, looked up once; None where it is not glibc."""
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
         version = libc.gnu_get_libc_version().decode()
-        mallopt = libc.mallopt
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
     except (AttributeError, OSError):  # musl, macOS, Windows: another malloc
+        return None
+    return libc, version
+
+
+def set_thresholds(mmap_threshold: int, trim_threshold: int, top_pad: int) -> str:
+    """mallopt's three settings for this process: 'on: glibc VERSION', or why not (never raises)."""
+    if (glibc := _glibc()) is None:
         return "not needed: the C library is not glibc"
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    libc, version = glibc
     settings = {
         "M_MMAP_THRESHOLD": (M_MMAP_THRESHOLD, mmap_threshold),
         "M_TRIM_THRESHOLD": (M_TRIM_THRESHOLD, trim_threshold),
         "M_TOP_PAD": (M_TOP_PAD, top_pad),
     }
-    refused = [name for name, (param, value) in settings.items() if mallopt(param, value) != 1]
+    refused = [n for n, (param, value) in settings.items() if libc.mallopt(param, value) != 1]
     if refused:
         return f"not possible: glibc {version}'s mallopt refused {', '.join(refused)}"
     return f"on: glibc {version}"
@@ -89,15 +100,14 @@ def set_thresholds(mmap_threshold: int, trim_threshold: int, top_pad: int) -> st
 
 def trim() -> None:
     """Hand every free page back to the kernel now (glibc's malloc_trim), as glibc's defaults
-    may between steps: what scripts/recipe_step.py's glibc-malloc variant measures."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):  # not glibc: nothing to hand back this way
-        pass
+    may between steps: what scripts/recipe_step.py's glibc-malloc variant measures. Not glibc:
+    nothing to hand back this way."""
+    if (glibc := _glibc()) is not None:
+        glibc[0].malloc_trim(0)
 
 
 def _set_thresholds() -> str:
-    done = set_thresholds(MMAP_THRESHOLD, TRIM_THRESHOLD, TOP_PAD)
+    done = set_thresholds(*KEPT)
     if not done.startswith("on"):
         return done
     return (
