@@ -34,7 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     if not Path("/proc/self/stat").exists():
         p.error("this reads /proc/PID/stat, which only Linux has")
     with ns.log.open("w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        except OSError as err:  # no such program, or not executable
+            p.error(f"cannot run {command[0]!r}: {err.strerror}; give a program on PATH after --")
         start = last = time.monotonic()
         before = read_stat(child.pid)
         print("seconds  faults/s  user cores  kernel cores", flush=True)

@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +142,14 @@ def test_the_fault_counter_reports_a_command_that_touches_fresh_memory() -> None
     assert rows and all(len(r) == 4 for r in rows)
     # 64 MiB zeroed and touched: at least its pages faulted in, spread over the first lines
     assert sum(float(r[1]) * 0.5 for r in rows) > 0.5 * (64 << 20) / 4096, done.stdout
+
+
+def test_the_fault_counter_says_when_the_command_cannot_run(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "page_faults.py"), "--",
+         str(tmp_path / "no-such-program")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2  # argparse's usage error, not a traceback
+    assert "cannot run" in done.stderr and "no-such-program" in done.stderr
+    assert "Traceback" not in done.stderr
