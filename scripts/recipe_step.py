@@ -123,12 +123,12 @@ def embed_every_patch_then_drop(model: torch.nn.Module) -> None:
 
 
 def malloc_thresholds(variant: str) -> tuple[int, int, int] | None:
-    """The malloc thresholds a variant's steps run under: glibc-malloc, glibc's starting 128 KiB
-    held fixed, and every free page handed back before each step (the state in which glibc's
-    defaults fault a step's memory in again; whether a fit falls into it depends on its heap's
-    layout); any other variant, those of vit.system.malloc where its switch is on; None (left
-    alone) where it is off."""
-    if variant == "glibc-malloc":
+    """The malloc thresholds a variant's steps run under: glibc-malloc (alone, or after another
+    variant: compiled-glibc-malloc), glibc's starting 128 KiB held fixed, and every free page
+    handed back before each step (the state in which glibc's defaults fault a step's memory in
+    again; whether a fit falls into it depends on its heap's layout); any other variant, those of
+    vit.system.malloc where its switch is on; None (left alone) where it is off."""
+    if variant.endswith("glibc-malloc"):
         return 128 << 10, 128 << 10, 0
     return malloc.KEPT if malloc.status().startswith("on") else None
 
@@ -136,8 +136,8 @@ def malloc_thresholds(variant: str) -> tuple[int, int, int] | None:
 def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None) -> Callable:
     """A function (side, drop) -> {phase: seconds} running one training step of `variant`."""
     ops = _script("count_step_ops")
-    thresholds, trim_first = malloc_thresholds(variant), variant == "glibc-malloc"
-    variant = "baseline" if trim_first else variant
+    thresholds, trim_first = malloc_thresholds(variant), variant.endswith("glibc-malloc")
+    variant = variant.removesuffix("glibc-malloc").removesuffix("-") or "baseline"
     drop_after = variant.endswith("drop-after")
     variant = variant.removesuffix("drop-after").removesuffix("-") or "baseline"
     setting, compiled_with = split_compiled(variant)
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                    "only), one-stack (Muon's shapes in one padded stack, as on a GPU), compiled-MODE "
                    "(max-autotune, ...), ema-every-K, batch-N, glibc-malloc (the baseline under glibc's "
                    "malloc thresholds as they start, free pages handed back before each step: "
-                   "vit/system/malloc.py), drop-after or compiled-drop-after (every "
+                   "vit/system/malloc.py; VARIANT-glibc-malloc, another variant so), drop-after or compiled-drop-after (every "
                    "patch embedded, then dropped: the order before), KEY.PATH=VALUE (one config "
                    "setting changed, e.g. model.network.mlp_ratio=4), or compiled+KEY.PATH=VALUE "
                    "(that setting, the network compiled)")  # fmt: skip
