@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                    "only), one-stack (Muon's shapes in one padded stack, as on a GPU), compiled-MODE "
                    "(max-autotune, ...), ema-every-K, batch-N, glibc-malloc (the baseline under glibc's "
                    "malloc thresholds as they start, free pages handed back before each step: "
-                   "vit/system/malloc.py; VARIANT-glibc-malloc, another variant so), drop-after or compiled-drop-after (every "
+                   "vit/system/malloc.py; VARIANT-glibc-malloc, another variant so), drop-after or "
+                   "compiled-drop-after (every "
                    "patch embedded, then dropped: the order before), KEY.PATH=VALUE (one config "
                    "setting changed, e.g. model.network.mlp_ratio=4), or compiled+KEY.PATH=VALUE "
                    "(that setting, the network compiled)")  # fmt: skip
