@@ -133,13 +133,19 @@ def malloc_thresholds(variant: str) -> tuple[int, int, int] | None:
     return malloc.KEPT if malloc.status().startswith("on") else None
 
 
+def split_suffix(variant: str, suffix: str) -> tuple[str, bool]:
+    """A variant named with a suffix that modifies another (compiled-drop-after,
+    compiled-glibc-malloc): the other variant (baseline where none is named), and whether the
+    suffix was there."""
+    return variant.removesuffix(suffix).removesuffix("-") or "baseline", variant.endswith(suffix)
+
+
 def make_step(config: dict, batch: int, variant: str, dtype: torch.dtype | None) -> Callable:
     """A function (side, drop) -> {phase: seconds} running one training step of `variant`."""
     ops = _script("count_step_ops")
-    thresholds, trim_first = malloc_thresholds(variant), variant.endswith("glibc-malloc")
-    variant = variant.removesuffix("glibc-malloc").removesuffix("-") or "baseline"
-    drop_after = variant.endswith("drop-after")
-    variant = variant.removesuffix("drop-after").removesuffix("-") or "baseline"
+    thresholds = malloc_thresholds(variant)
+    variant, trim_first = split_suffix(variant, "glibc-malloc")
+    variant, drop_after = split_suffix(variant, "drop-after")
     setting, compiled_with = split_compiled(variant)
     cfg = variant_config(config, setting)
     batch = variant_batch(variant, batch)

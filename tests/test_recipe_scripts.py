@@ -72,6 +72,9 @@ def test_the_glibc_malloc_variant_runs_under_glibcs_starting_thresholds(
     monkeypatch.setattr(malloc, "_status", "on: glibc 2.36 keeps the memory a step frees")
     assert step.malloc_thresholds("glibc-malloc") == start
     assert step.malloc_thresholds("compiled-glibc-malloc") == start  # the state, compiled
+    assert step.split_suffix("compiled-glibc-malloc", "glibc-malloc") == ("compiled", True)
+    assert step.split_suffix("glibc-malloc", "glibc-malloc") == ("baseline", True)
+    assert step.split_suffix("compiled", "glibc-malloc") == ("compiled", False)
     assert step.malloc_thresholds("baseline") == step.malloc_thresholds("compiled") == kept
     assert start[1] < malloc.TRIM_THRESHOLD  # glibc trims its heap far sooner than the switch
     monkeypatch.setattr(malloc, "_status", "off: VIT_KEEP_FREED_MEMORY=0")
