@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -473,6 +475,63 @@ def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) 
         evaluate_main([str(tmp_path / "missing.ckpt")])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("error: checkpoint")
+
+
+def test_vit_train_prints_its_own_errors_as_one_line(image_tree, tmp_path) -> None:
+    # the console command (python -m vit.commands.entry is vit-train): vit's check, no traceback
+    args = train_args(image_tree, tmp_path / "runs", "--model.network.depth=-3")
+    run = subprocess.run(
+        [sys.executable, "-m", "vit.commands.entry", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == "error: depth=-3 must be a positive integer."
+    assert "Traceback" not in run.stderr
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]  # no run was written
+
+
+def _raise_outside_vit() -> None:
+    raise ValueError("from a library")
+
+
+def test_user_errors_count_only_from_vits_own_code_where_asked(capsys) -> None:
+    from vit.data.settings import check_int
+    from vit.system.errors import PACKAGE_DIR, exit_on_user_error
+
+    with pytest.raises(SystemExit) as exit_info:  # raised by vit's check: one line, status 2
+        exit_on_user_error(lambda: check_int("batch_size", 0, minimum=1), only_from=PACKAGE_DIR)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: batch_size must be an integer >= 1, got 0")
+    with pytest.raises(ValueError, match="from a library"):  # raised elsewhere: the traceback
+        exit_on_user_error(_raise_outside_vit, only_from=PACKAGE_DIR)
+    with pytest.raises(SystemExit):  # the other commands: every user error is one line
+        exit_on_user_error(_raise_outside_vit)
+
+
+def test_a_missing_ckpt_path_fails_before_anything_is_made(image_tree, tmp_path) -> None:
+    runs = tmp_path / "runs"
+    missing = tmp_path / "gone.ckpt"
+    with pytest.raises(FileNotFoundError, match=r"gone.ckpt: no such file.*--ckpt_path last"):
+        train_main(train_args(image_tree, runs, f"--ckpt_path={missing}"))
+    assert not [p for p in runs.rglob("*") if p.is_file()]  # no data cache, no run
+    saved = tmp_path / "old" / "version_3" / "checkpoints"
+    saved.mkdir(parents=True)
+    (saved / "last.ckpt").write_bytes(b"")
+    with pytest.raises(IsADirectoryError, match=r"is a folder.*version_3/checkpoints/last.ckpt"):
+        train_main(train_args(image_tree, runs, f"--ckpt_path={tmp_path / 'old'}"))
+
+
+def test_ckpt_path_check_leaves_lightnings_names_and_urls_alone(tmp_path) -> None:
+    from vit.commands.run_folders import check_ckpt_path
+
+    for name in ("best", "last", "hpc", "registry", "registry:my-model:v2", "s3://bucket/a.ckpt"):
+        check_ckpt_path(name, "test")
+    with pytest.raises(FileNotFoundError) as err:  # resuming is a fit's; test only names files
+        check_ckpt_path(str(tmp_path / "gone.ckpt"), "test")
+    assert "--ckpt_path last" not in str(err.value)
 
 
 def test_evaluate_device_is_checked_before_anything_loads(monkeypatch, tmp_path, capsys) -> None:

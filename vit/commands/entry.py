@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from vit.system import inductor_cache, malloc, mkl_amd
+from vit.system.errors import PACKAGE_DIR, exit_on_user_error
 
 
 def train() -> None:
@@ -20,7 +21,8 @@ def train() -> None:
     switch()
     from vit.commands.train import train_main
 
-    train_main()
+    # vit's own checks print their one line; an error from inside Lightning or torch, its traceback
+    exit_on_user_error(train_main, only_from=PACKAGE_DIR)
 
 
 def evaluate() -> None:

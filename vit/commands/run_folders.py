@@ -80,6 +80,33 @@ def resume_latest_run(loggers: Any) -> str:
     return str(last)
 
 
+# what Lightning's --ckpt_path takes besides a path; "last" in a fit is resume_latest_run's
+LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
+
+
+def check_ckpt_path(ckpt_path: str, subcommand: str | None) -> None:
+    """A local --ckpt_path that is not a file fails here, before any folder or data is made, saying
+    what to give instead (a URL or one of Lightning's names is left to Lightning)."""
+    if ckpt_path in LIGHTNING_CKPT_NAMES or ckpt_path.startswith("registry:") or "://" in ckpt_path:
+        return
+    path = Path(ckpt_path).expanduser()
+    if path.is_file():
+        return
+    if path.is_dir():
+        inside = sorted(path.rglob("*.ckpt"), key=lambda p: p.stat().st_mtime)[-3:]
+        found = ", ".join(str(p) for p in reversed(inside)) or "none"
+        raise IsADirectoryError(
+            f"--ckpt_path {ckpt_path} is a folder; give one checkpoint file in it (newest found: "
+            f"{found})."
+        )
+    fits = subcommand in ("fit", None)  # None: LightningCLI(run=False)
+    resume = ", or `--ckpt_path last` to continue this config's newest run" if fits else ""
+    raise FileNotFoundError(
+        f"--ckpt_path {ckpt_path}: no such file; give a checkpoint vit-train wrote "
+        f"(runs/<name>/version_N/checkpoints/last.ckpt, or a best one beside it){resume}."
+    )
+
+
 def _local_folders(loggers: Any) -> list[Path]:
     """The folders the configured loggers write: save_dir/name of CSV and TensorBoard, save_dir of
     the others (W&B's `name` is a run name, not a folder), none for a logger given a tracking_uri

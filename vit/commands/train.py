@@ -15,7 +15,12 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.commands.float32_overrides import compile_if_possible, dotted, trains_float32_on_cpu
-from vit.commands.run_folders import check_writable, resume_latest_run, share_logger_version
+from vit.commands.run_folders import (
+    check_ckpt_path,
+    check_writable,
+    resume_latest_run,
+    share_logger_version,
+)
 from vit.commands.whole_split import (
     check_checkpointing,
     checkpoint_to_test,
@@ -107,6 +112,8 @@ class ViTCLI(LightningCLI):
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             config.ckpt_path = resume_latest_run(config.trainer.logger)
             load_checkpoint(config.ckpt_path)  # a file that could run code: refused, clearly
+        elif config.get("ckpt_path"):
+            check_ckpt_path(config.ckpt_path, self.subcommand)
         if self.subcommand == "fit" and config.model.get("init_from") and not config.ckpt_path:
             # a missing file or another architecture fails here, before the data is decoded
             check_init_source(config.model.init_from, vars(config.model.network.clone()))

@@ -4,15 +4,35 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError)
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # vit/
 
-def exit_on_user_error(run: Callable[[], Any]) -> None:
-    """Run a command; a mistake the user can fix prints its message (no traceback) and exits 2."""
+
+def raised_in(err: BaseException, folder: Path) -> bool:
+    """Whether the innermost frame of err's traceback runs a file under folder."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(folder)
+
+
+def exit_on_user_error(run: Callable[[], Any], only_from: Path | None = None) -> None:
+    """Run a command; a mistake the user can fix prints its message (no traceback) and exits 2.
+
+    With only_from, only errors raised by code under that folder count as the user's: vit-train
+    runs Lightning and torch for an hour, and a ValueError from inside them is more likely a bug
+    whose traceback is the place to start than a message written for the user.
+    """
     try:
         run()
     except USER_ERRORS as err:
+        if only_from is not None and not raised_in(err, only_from):
+            raise
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
