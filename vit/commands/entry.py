@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 
 from vit.system import inductor_cache, malloc, mkl_amd
-from vit.system.errors import PACKAGE_DIR, exit_on_user_error
 
 
 def train() -> None:
     """`vit-train`: the LightningCLI (vit/commands/), which logs the switch's status as a run starts."""
     switch()
     from vit.commands.train import train_main
+    from vit.system.errors import PACKAGE_DIR, exit_on_user_error
 
     # vit's own checks print their one line; an error from inside Lightning or torch, its traceback
     exit_on_user_error(train_main, only_from=PACKAGE_DIR)
