@@ -94,7 +94,10 @@ class ViTCLI(LightningCLI):
         older layout (flat options) is migrated to today's first instead of failing to parse."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not ckpt_path or not Path(ckpt_path).is_file():
+        if not ckpt_path:
+            return
+        check_ckpt_path(ckpt_path, subcommand)  # a local path naming no file: refused here
+        if not Path(ckpt_path).is_file():  # Lightning's names (last, best, ...) and URLs
             return
         ckpt = load_checkpoint(ckpt_path)
         if subcommand == "validate":  # checked here, where the file is read anyway
@@ -112,8 +115,6 @@ class ViTCLI(LightningCLI):
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             config.ckpt_path = resume_latest_run(config.trainer.logger)
             load_checkpoint(config.ckpt_path)  # a file that could run code: refused, clearly
-        elif config.get("ckpt_path"):
-            check_ckpt_path(config.ckpt_path, self.subcommand)
         if self.subcommand == "fit" and config.model.get("init_from") and not config.ckpt_path:
             # a missing file or another architecture fails here, before the data is decoded
             check_init_source(config.model.init_from, vars(config.model.network.clone()))
