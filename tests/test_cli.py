@@ -491,6 +491,7 @@ def test_vit_train_prints_its_own_errors_as_one_line(image_tree, tmp_path) -> No
     assert run.stderr.strip().splitlines()[-1] == "error: depth=-3 must be a positive integer."
     assert "Traceback" not in run.stderr
     assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]  # no run was written
+    assert not (tmp_path / "runs" / "tiny").exists()  # nor its folder, made to probe it, kept
 
 
 def _raise_outside_vit() -> None:

@@ -18,7 +18,12 @@ import pytest
 from jsonargparse import Namespace
 
 from tests.helpers import REPO, train_args
-from vit.commands.run_folders import check_writable, resume_latest_run, share_logger_version
+from vit.commands.run_folders import (
+    check_writable,
+    remove_if_empty,
+    resume_latest_run,
+    share_logger_version,
+)
 from vit.commands.train import ViTCLI, train_main
 from vit.train.datamodule import CIFAR10DataModule
 from vit.train.module import ViTClassifier
@@ -90,9 +95,33 @@ def test_resume_finds_the_run_through_csv_even_when_a_tracker_comes_first(
     # the run folder is probed; nothing is made where a tracker only names a run (W&B's name)
     # or where MLflow's default save_dir goes unused (it was given a tracking_uri)
     monkeypatch.chdir(tmp_path)
-    check_writable(loggers)
+    made = check_writable(loggers)
     assert (tmp_path / "wandb").is_dir() and not (tmp_path / "wandb" / "my-run").exists()
     assert not (tmp_path / "mlruns").exists()
+    assert made == [tmp_path / "wandb"]  # the run folders were there already
+
+
+def test_the_probes_folders_go_again_while_empty(tmp_path: Path) -> None:
+    new = tmp_path / "new"
+    loggers = [_logger(CSV, save_dir=str(new / "a"), name="tiny", version=None)]
+    loggers += [_logger(TENSORBOARD, save_dir=str(new / "b"), name="tiny", version=None)]
+    made = check_writable(loggers)
+    assert (new / "a" / "tiny").is_dir() and (new / "b" / "tiny").is_dir()
+    kept = new / "b" / "tiny" / "events"
+    kept.write_text("a file written since")
+    remove_if_empty(made)  # a later config error: what holds nothing goes, deepest first
+    assert not (new / "a").exists() and kept.exists()
+    kept.unlink()
+    remove_if_empty(made)
+    assert not new.exists() and tmp_path.is_dir()
+
+    # a folder that cannot be made: the error, and the folders made before it are gone
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    loggers[1].init_args.save_dir = str(blocker / "runs")
+    with pytest.raises(ValueError, match="cannot write the run folder.*a_file"):
+        check_writable(loggers)
+    assert not new.exists()
 
 
 def _csv_metric(run: Path, key: str) -> list[float]:

@@ -93,6 +93,19 @@ def test_bad_config_fails_at_construction(overrides: dict, message: str) -> None
         VisionTransformer(**{**TINY, **overrides})
 
 
+@pytest.mark.parametrize(
+    ("img_size", "patch_size", "sizes"),
+    [(32, 5, "2, 4, 8, 16"), (30, 4, "2, 3, 5, 6, 10, 15"), (31, 2, "1, 31")],
+)
+def test_a_patch_that_does_not_divide_the_image_names_the_sizes_that_do(
+    img_size: int, patch_size: int, sizes: str
+) -> None:
+    # the sizes between 1 and the image itself that tile it; a prime image has only those two
+    expected = f"Pick a patch_size that divides {img_size}: {sizes}."
+    with pytest.raises(ValueError, match=f"patch_size={patch_size}:.*{re.escape(expected)}$"):
+        PatchEmbed(img_size=img_size, patch_size=patch_size)
+
+
 def test_unknown_preset() -> None:
     with pytest.raises(ValueError, match="unknown preset 'vit_huge'.*vit_tiny"):
         create_model("vit_huge")

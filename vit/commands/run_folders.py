@@ -4,6 +4,7 @@ fails before training. Trackers (W&B, MLflow, ...) keep their own run ids."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -119,19 +120,33 @@ def _local_folders(loggers: Any) -> list[Path]:
     return folders
 
 
-def check_writable(loggers: Any) -> None:
-    """Fail before training, not at the first checkpoint, when the run folder cannot be written."""
+def check_writable(loggers: Any) -> list[Path]:
+    """Fail before training, not at the first checkpoint, when the run folder cannot be written.
+    Returns the folders the probe made, for `remove_if_empty`."""
+    made: list[Path] = []
     for folder in _local_folders(loggers):
+        here = folder.absolute()
+        made += [p for p in (here, *here.parents) if not p.exists() and p not in made]
         try:
             folder.mkdir(parents=True, exist_ok=True)
             probe = folder / f".write-test-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as err:
+            remove_if_empty(made)
             raise ValueError(
                 f"cannot write the run folder {str(folder)!r} ({err.strerror or err}); set "
                 f"trainer.logger save_dir to a writable folder with free space."
             ) from None
+    return made
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Remove the folders given that are still empty, deepest first: a config error found after
+    the probe (the model's, the data's) leaves no empty run folder behind."""
+    for folder in sorted(folders, key=lambda p: len(p.absolute().parts), reverse=True):
+        with contextlib.suppress(OSError):  # not empty, or gone: left as it is
+            folder.rmdir()
 
 
 def share_logger_version(loggers: Any) -> None:

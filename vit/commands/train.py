@@ -18,6 +18,7 @@ from vit.commands.float32_overrides import compile_if_possible, dotted, trains_f
 from vit.commands.run_folders import (
     check_ckpt_path,
     check_writable,
+    remove_if_empty,
     resume_latest_run,
     share_logger_version,
 )
@@ -149,9 +150,16 @@ class ViTCLI(LightningCLI):
         if self.subcommand == "validate":
             refuse_validation(config)
         share_logger_version(config.trainer.logger)
-        check_writable(config.trainer.logger)
+        self._probed_folders = check_writable(config.trainer.logger)
         mkl_amd.report(info=rank_zero_info)  # what vit-train's switches did (vit/commands/entry.py)
         malloc.report(info=rank_zero_info)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except BaseException:
+            remove_if_empty(getattr(self, "_probed_folders", []))
+            raise
 
     def _merged(self, overrides: dict[str, Any], name: str) -> Any:
         """The parsed config with a nested mapping of options merged in, each checked by the

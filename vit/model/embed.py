@@ -46,10 +46,11 @@ class PatchEmbed(nn.Module):
             if value < 1:
                 raise ValueError(f"{name}={value} must be a positive integer.")
         if img_size % patch_size != 0:
+            sizes = [d for d in range(2, img_size) if img_size % d == 0] or [1, img_size]
             raise ValueError(
                 f"img_size={img_size} is not divisible by patch_size={patch_size}: the image must "
-                f"split into whole patches. Pick a patch_size that divides {img_size} (e.g. 2, 4, 8 "
-                f"for 32x32 images)."
+                f"split into whole patches. Pick a patch_size that divides {img_size}: "
+                f"{', '.join(map(str, sizes))}."
             )
         if spt and patch_size < 2:
             raise ValueError(
