@@ -69,9 +69,50 @@ def test_only_csv_and_tensorboard_share_the_version(tmp_path: Path) -> None:
     loggers = _mixed(runs, tmp_path)
     share_logger_version(loggers)
     wandb, mlflow, csv_logger, tensorboard = (lg.init_args for lg in loggers)
-    assert csv_logger.version == tensorboard.version == "version_1"  # version_0 is taken
+    assert csv_logger.version == tensorboard.version == 1  # version_0 is taken
     assert wandb.version is None  # W&B's run id: it picks a fresh one per run
     assert "version" not in mlflow  # MLFlowLogger has no such argument
+
+
+def test_the_shared_version_names_the_folder_and_shows_whole_in_the_progress_bar(
+    tmp_path: Path,
+) -> None:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    runs = tmp_path / "runs"
+    for n in range(10):  # version_10: a string version would show as "n_10" in the bar
+        (runs / "tiny" / f"version_{n}").mkdir(parents=True)
+    loggers = _mixed(runs, tmp_path)[2:]
+    share_logger_version(loggers)
+    made = [CSVLogger(**loggers[0].init_args), TensorBoardLogger(**loggers[1].init_args)]
+    assert [Path(lg.log_dir) for lg in made] == [runs / "tiny" / "version_10"] * 2
+    trainer = Trainer(logger=made, default_root_dir=tmp_path, enable_checkpointing=False)
+    assert str(get_standard_metrics(trainer)["v_num"]) == "10"  # two loggers: joined as a string
+
+
+@pytest.mark.parametrize(
+    ("folder", "version"),
+    [
+        ("version_3", 3),
+        ("version_12", 12),
+        ("version_03", "version_03"),
+        ("version_best", "version_best"),
+    ],
+)
+def test_resume_gives_the_loggers_the_version_that_writes_into_the_folder(
+    tmp_path: Path, folder: str, version: int | str
+) -> None:
+    last = tmp_path / "runs" / "tiny" / folder / "checkpoints" / "last.ckpt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"")
+    loggers = _mixed(tmp_path / "runs", tmp_path)[2:]
+    assert resume_latest_run(loggers) == str(last)
+    assert [lg.init_args.version for lg in loggers] == [version, version]
+    from lightning.pytorch.loggers import CSVLogger
+
+    assert Path(CSVLogger(**loggers[0].init_args).log_dir) == last.parent.parent
 
 
 def test_resume_finds_the_run_through_csv_even_when_a_tracker_comes_first(
@@ -86,7 +127,7 @@ def test_resume_finds_the_run_through_csv_even_when_a_tracker_comes_first(
     loggers = _mixed(runs, tmp_path)
     assert resume_latest_run(loggers) == str(runs / "tiny/version_3/checkpoints/last.ckpt")
     wandb, mlflow, csv_logger, tensorboard = (lg.init_args for lg in loggers)
-    assert csv_logger.version == tensorboard.version == "version_3"
+    assert csv_logger.version == tensorboard.version == 3
     assert wandb.version is None and "version" not in mlflow
 
     with pytest.raises(ValueError, match=r"CSVLogger or TensorBoardLogger.*'WandbLogger'"):

@@ -78,8 +78,11 @@ def test_each_image_gets_the_model_s_top_k_with_its_size(weights, photos, capsys
     assert (got["alpha.png"]["width"], got["alpha.png"]["height"]) == (24, 40)
     out = capsys.readouterr().out
     assert "top-1" in out and "top-3" not in out and "wide.jpg" in out
+    assert "4 images predicted by" in out
     assert "3 resized (24x40, 500x375, 8x8) -> 32x32 as in training" in out
     assert result["errors"] == []
+    run_predict([str(path), str(photos / "same.png"), "--device", "cpu"])
+    assert "1 image predicted by" in capsys.readouterr().out  # not "1 images"
 
 
 def test_batches_and_save_pretrained_folders_predict_alike(weights, photos, tmp_path) -> None:

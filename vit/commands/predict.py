@@ -240,8 +240,8 @@ def summary(result: dict[str, Any], *, side: int, asked_k: int) -> str:
     else:
         how = f"all already {side}x{side}"
     text = (
-        f"{len(rows)} images predicted by {result['weights']} ({len(result['classes'])} "
-        f"classes): {how}; normalised with the CIFAR-10 mean and std."
+        f"{len(rows)} image{'' if len(rows) == 1 else 's'} predicted by {result['weights']} "
+        f"({len(result['classes'])} classes): {how}; normalised with the CIFAR-10 mean and std."
     )
     if asked_k > result["top_k"]:
         text += f" --top-k {asked_k}: the model has {result['top_k']} classes, all shown."

@@ -76,9 +76,16 @@ def resume_latest_run(loggers: Any) -> str:
         )
     last = found[-1]
     for a in args:
-        a.version = last.parent.parent.name
+        a.version = _version_of(last.parent.parent.name)
     log.info("resuming %s", last)
     return str(last)
+
+
+def _version_of(folder: str) -> int | str:
+    """The logger version that writes into `folder`: N for version_N (Lightning's progress bar
+    shows an int whole, a string by its last four characters), else the name itself."""
+    number = folder.removeprefix("version_")
+    return int(number) if number.isdigit() and number == str(int(number)) else folder
 
 
 # what Lightning's --ckpt_path takes besides a path; "last" in a fit is resume_latest_run's
@@ -164,4 +171,4 @@ def share_logger_version(loggers: Any) -> None:
     while f"version_{n}" in taken:
         n += 1
     for a in args:
-        a.version = f"version_{n}"
+        a.version = n  # an int: the loggers name the folder version_N, the progress bar shows N
