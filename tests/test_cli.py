@@ -477,9 +477,21 @@ def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) 
     assert capsys.readouterr().err.startswith("error: checkpoint")
 
 
-def test_vit_train_prints_its_own_errors_as_one_line(image_tree, tmp_path) -> None:
-    # the console command (python -m vit.commands.entry is vit-train): vit's check, no traceback
-    args = train_args(image_tree, tmp_path / "runs", "--model.network.depth=-3")
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("--model.network.depth=-3", "error: depth=-3 must be a positive integer."),
+        (  # Lightning's refusal, raised inside Lightning: one line as well
+            "--trainer.max_epochs=-2",
+            "error: `max_epochs` must be a non-negative integer or -1. You passed in -2.",
+        ),
+    ],
+)
+def test_vit_train_prints_setting_errors_as_one_line(
+    image_tree, tmp_path, setting, message
+) -> None:
+    # the console command (python -m vit.commands.entry is vit-train): no traceback
+    args = train_args(image_tree, tmp_path / "runs", setting)
     run = subprocess.run(
         [sys.executable, "-m", "vit.commands.entry", *args],
         cwd=REPO,
@@ -488,7 +500,7 @@ def test_vit_train_prints_its_own_errors_as_one_line(image_tree, tmp_path) -> No
         timeout=300,
     )
     assert run.returncode == 2, run.stderr
-    assert run.stderr.strip().splitlines()[-1] == "error: depth=-3 must be a positive integer."
+    assert run.stderr.strip().splitlines()[-1] == message
     assert "Traceback" not in run.stderr
     assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]  # no run was written
     assert not (tmp_path / "runs" / "tiny").exists()  # nor its folder, made to probe it, kept
@@ -510,6 +522,10 @@ def test_user_errors_count_only_from_vits_own_code_where_asked(capsys) -> None:
         exit_on_user_error(_raise_outside_vit, only_from=PACKAGE_DIR)
     with pytest.raises(SystemExit):  # the other commands: every user error is one line
         exit_on_user_error(_raise_outside_vit)
+    with pytest.raises(SystemExit):  # a type named `anywhere` counts wherever it is raised
+        exit_on_user_error(_raise_outside_vit, only_from=PACKAGE_DIR, anywhere=(ValueError,))
+    with pytest.raises(KeyError):  # and only that type
+        exit_on_user_error(lambda: {}["x"], only_from=PACKAGE_DIR, anywhere=(ValueError,))
 
 
 def test_a_missing_ckpt_path_fails_before_anything_is_made(image_tree, tmp_path) -> None:

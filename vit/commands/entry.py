@@ -18,11 +18,14 @@ from vit.system import inductor_cache, malloc, mkl_amd
 def train() -> None:
     """`vit-train`: the LightningCLI (vit/commands/), which logs the switch's status as a run starts."""
     switch()
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
     from vit.commands.train import train_main
     from vit.system.errors import PACKAGE_DIR, exit_on_user_error
 
-    # vit's own checks print their one line; an error from inside Lightning or torch, its traceback
-    exit_on_user_error(train_main, only_from=PACKAGE_DIR)
+    # vit's own checks print their one line, and so does Lightning's refusal of a setting
+    # (--trainer.max_epochs -2); any other error from inside Lightning or torch, its traceback
+    exit_on_user_error(train_main, only_from=PACKAGE_DIR, anywhere=(MisconfigurationException,))
 
 
 def evaluate() -> None:

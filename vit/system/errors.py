@@ -22,17 +22,26 @@ def raised_in(err: BaseException, folder: Path) -> bool:
     return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(folder)
 
 
-def exit_on_user_error(run: Callable[[], Any], only_from: Path | None = None) -> None:
+def exit_on_user_error(
+    run: Callable[[], Any],
+    only_from: Path | None = None,
+    anywhere: tuple[type[BaseException], ...] = (),
+) -> None:
     """Run a command; a mistake the user can fix prints its message (no traceback) and exits 2.
 
     With only_from, only errors raised by code under that folder count as the user's: vit-train
     runs Lightning and torch for an hour, and a ValueError from inside them is more likely a bug
-    whose traceback is the place to start than a message written for the user.
+    whose traceback is the place to start than a message written for the user. Errors of the
+    `anywhere` types count wherever they are raised (a library's own word for a bad setting).
     """
     try:
         run()
-    except USER_ERRORS as err:
-        if only_from is not None and not raised_in(err, only_from):
+    except (*USER_ERRORS, *anywhere) as err:
+        if (
+            only_from is not None
+            and not isinstance(err, anywhere)
+            and not raised_in(err, only_from)
+        ):
             raise
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
