@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +18,7 @@ import torch
 import yaml
 
 from tests.helpers import (
+    CIFAR_ARCHIVE,
     REPO,
     FakeClock,
     GraphCount,
@@ -132,6 +135,41 @@ def test_gpu8_runs_end_to_end_on_the_cpu(make_image_tree, tmp_path: Path, monkey
 @pytest.mark.skipif(not SCRIPT.is_file(), reason="no run_gpu8.sh")
 def test_run_gpu8_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+@pytest.mark.skipif(not CIFAR_ARCHIVE.is_file(), reason=f"needs CIFAR-10 at {CIFAR_ARCHIVE}")
+def test_run_gpu8_dry_run_returns_eight_files_with_the_scored_weights(tmp_path: Path) -> None:
+    """The device call's plumbing, as --dry-run runs it on a CPU (a tiny model for 6 s): what comes
+    back is what the record needs, no more than the device returns (8 files), and the weights
+    that were scored, loadable, carrying their test top-1."""
+    from safetensors import safe_open
+
+    from vit.io.hub_model import load_model
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "VIT_DATA_DIR": str(CIFAR_ARCHIVE),
+    }
+    run = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    names = ["config.yaml", "curve.csv", "curve.png", "log.txt", "metrics.csv"]
+    names += ["metrics_test.json", "model.safetensors", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == names
+    top1 = json.loads((out / "metrics_test.json").read_text())["top1"]
+    assert json.loads((out / "summary.json").read_text())["test_top1"] == top1
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        meta = f.metadata()
+    assert (meta["test_top1"], meta["weights"], meta["trained_on"]) == (str(top1), "average", "CPU")
+    assert meta["command"] == "SEED=0 bash scripts/gpu/run_gpu8.sh"
+    model, _ = load_model(out / "model.safetensors")
+    assert len(model.blocks) == 2 and model.embed_dim == 64  # the dry run's tiny model
+    assert "torch " in (out / "log.txt").read_text()  # the versions, at the log's head
 
 
 @pytest.mark.parametrize(("min_img_s", "stops"), [(100.0, True), (10.0, False)])

@@ -18,8 +18,10 @@
 # one fit with --model.compile_mode default (no CUDA graphs) takes the time left instead.
 # The device's python3 has torch, lightning, torchmetrics, einops, tensorboard and matplotlib, but
 # not jsonargparse (nor docstring_parser, typeshed_client): those travel as wheels in .whl/.
-# $OUT gets 8 files (the device returns at most 8): log.txt, device.txt (nvidia-smi, versions),
-# config.yaml, metrics.csv, metrics_test.json, curve.png + curve.csv (val/acc by minute), summary.json.
+# $OUT gets 8 files (the device returns at most 8): log.txt (nvidia-smi and the versions at its
+# head), config.yaml, metrics.csv, metrics_test.json, curve.png + curve.csv (val/acc by minute),
+# summary.json, and model.safetensors: the scored checkpoint's weights as save_pretrained writes
+# them (11 MB; a run worth shipping needs no second GPU call).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 MODE=${1:-run}
@@ -92,16 +94,16 @@ fi
 
 # the import check and the versions in one start of python: each start imports torch (seconds)
 { nvidia-smi && nvidia-smi -L || echo "nvidia-smi: not available"; lscpu | grep -m1 "Model name"; } \
-  >"$OUT/device.txt" 2>&1 || true
+  >"$WORK/device.txt" 2>&1 || true
 if ! $PY -c "import torch, lightning, torchmetrics as m, einops, safetensors, jsonargparse, \
 docstring_parser, typeshed_client, tensorboard, matplotlib, PIL; print('torch', torch.__version__, \
-'lightning', lightning.__version__, 'torchmetrics', m.__version__)" >>"$OUT/device.txt"; then
+'lightning', lightning.__version__, 'torchmetrics', m.__version__)" >>"$WORK/device.txt"; then
   echo "missing packages (above): run '$0 --prepare' on the CPU machine and carry .whl" >&2
   exit 2
 fi
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 CARD=${CARD:-CPU}
-cat "$OUT/device.txt"
+cat "$WORK/device.txt"  # into log.txt
 
 ARGS=(fit -c "$REPO/experiments/gpu8.yaml" --seed_everything "$SEED" --data.seed "$SEED"
   --data.data_dir "$DATA")
@@ -170,14 +172,23 @@ if grep -qs '"stopped": true' "$WORK/loop_check.json"; then  # a slow loop: CUDA
   fi
 fi
 
+SCORE_AND_SAVE='import json, os, sys
+from vit.commands.entry import evaluate
+evaluate()  # sys.argv[1:]: the checkpoint and the options
+from vit.io.hub import save_pretrained
+top1 = json.load(open(os.path.join(sys.argv[-1], "metrics_test.json")))["top1"]
+save_pretrained(sys.argv[1], os.environ["SAVE_TO"], metadata={"test_top1": str(top1),
+    "recipe": "experiments/gpu8.yaml", "trained_on": os.environ["CARD"],
+    "command": "SEED=" + os.environ["SEED"] + " bash scripts/gpu/run_gpu8.sh"})'
 EVAL_RC=0
 CKPT=""
 if [[ -n $RUN ]]; then  # a fit the check stopped is not scored
   CKPT=$(ls "$RUN"/checkpoints/best-*.ckpt 2>/dev/null | tail -1 || true)
   CKPT=${CKPT:-$RUN/checkpoints/last.ckpt}
-  timeout -k 5 40 $PY -c "from vit.commands.entry import evaluate; evaluate()" "$CKPT" --split test \
-    --no-flip --data-dir "$DATA" --output-dir "$WORK/test" || EVAL_RC=$?
-  cp "$WORK/test/metrics_test.json" "$OUT/" || true
+  # the scored weights saved in the same python (torch imported once): model.safetensors
+  SAVE_TO=$WORK/pretrained CARD=$CARD SEED=$SEED timeout -k 5 40 $PY -c "$SCORE_AND_SAVE" "$CKPT" \
+    --split test --no-flip --data-dir "$DATA" --output-dir "$WORK/test" || EVAL_RC=$?
+  cp "$WORK/test/metrics_test.json" "$WORK/pretrained/model.safetensors" "$OUT/" || true
   stamp "evaluate ($CKPT), exit $EVAL_RC"
 fi
 
