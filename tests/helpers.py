@@ -186,7 +186,7 @@ def budget(minutes: float = 1.0, tick: float = 1.0) -> TimeBudget:
 
 class GraphCount(L.Callback):
     """The graphs dynamo has compiled so far, read when training starts and when it ends: a fit
-    that compiles everything before its first step (and its budget's clock) reads the same twice."""
+    that compiles everything before its first step reads the same twice."""
 
     def __init__(self) -> None:
         self.graphs: list[int] = []

@@ -1,4 +1,4 @@
-"""Every shape the curricula train on is compiled at fit start, before a budget's clock runs
+"""Every shape the curricula train on is compiled at fit start, before the first step
 (vit/train/warmup.py), and the warm-up leaves the RNG, the gradients and the model as they were."""
 
 from __future__ import annotations

@@ -49,9 +49,9 @@ def compile_for_fit(
 
 def compile_augment_for_fit(module: L.LightningModule) -> int:
     """Compile the data module's compiled augmentation (compile_augment) for each training batch
-    size, before the budget's clock: full batches and, without drop_last, the last partial one.
-    Its draws come from a generator of its own: the fit's draws are as without it. Returns how
-    many sizes ran."""
+    size, at fit start (in the budget, off the schedule's clock): full batches and, without
+    drop_last, the last partial one. Its draws come from a generator of its own: the fit's draws
+    are as without it. Returns how many sizes ran."""
     dm = getattr(module._trainer, "datamodule", None)
     augment, data = getattr(dm, "train_augment", None), getattr(dm, "train_dataset", None)
     if not getattr(augment, "compiled", False) or data is None or len(data) == 0:
