@@ -468,6 +468,14 @@ def test_unwritable_run_folder_fails_before_training(image_tree: Path, tmp_path:
         train_main(train_args(image_tree, blocker / "runs"))
 
 
+def test_a_data_setting_found_wrong_at_setup_leaves_no_run_folder(image_tree, tmp_path) -> None:
+    # val_size is checked against the data when it is read (setup), after the loggers started
+    runs = tmp_path / "runs"
+    with pytest.raises(ValueError, match="val_size=100 leaves no training images"):
+        train_main(train_args(image_tree, runs, "--data.val_size=100"))
+    assert not (runs / "tiny").exists()  # neither version_0 nor the folder made to probe it
+
+
 def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) -> None:
     from vit.commands.evaluate import evaluate_main
 

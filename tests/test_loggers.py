@@ -20,7 +20,9 @@ from jsonargparse import Namespace
 from tests.helpers import REPO, train_args
 from vit.commands.run_folders import (
     check_writable,
+    new_run_folders,
     remove_if_empty,
+    remove_unstarted,
     resume_latest_run,
     share_logger_version,
 )
@@ -113,6 +115,27 @@ def test_resume_gives_the_loggers_the_version_that_writes_into_the_folder(
     from lightning.pytorch.loggers import CSVLogger
 
     assert Path(CSVLogger(**loggers[0].init_args).log_dir) == last.parent.parent
+
+
+def test_only_the_runs_own_new_folder_goes_when_it_never_trained(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    (runs / "tiny" / "version_0").mkdir(parents=True)  # an earlier run's
+    loggers = _mixed(runs, tmp_path)
+    share_logger_version(loggers)
+    new = new_run_folders(loggers)
+    assert new == [(runs / "tiny" / "version_1").absolute()]  # once for CSV and TensorBoard
+    (new[0] / "checkpoints").mkdir(parents=True)
+    (new[0] / "hparams.yaml").write_text("{}")
+    remove_unstarted(new)
+    assert not new[0].exists() and (runs / "tiny" / "version_0").is_dir()
+    new[0].joinpath("checkpoints").mkdir(parents=True)
+    new[0].joinpath("checkpoints", "last.ckpt").write_bytes(b"saved")  # SIGTERM's save, say
+    remove_unstarted(new)
+    assert (new[0] / "checkpoints" / "last.ckpt").read_bytes() == b"saved"
+    resumed = _mixed(runs, tmp_path)
+    for a in resumed[2:]:
+        a.init_args.version = 1  # as resume_latest_run points them at version_1
+    assert new_run_folders(resumed) == []  # an existing run is never this run's to remove
 
 
 def test_resume_finds_the_run_through_csv_even_when_a_tracker_comes_first(

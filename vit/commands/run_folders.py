@@ -8,6 +8,7 @@ import contextlib
 import importlib
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,30 @@ def remove_if_empty(folders: list[Path]) -> None:
     for folder in sorted(folders, key=lambda p: len(p.absolute().parts), reverse=True):
         with contextlib.suppress(OSError):  # not empty, or gone: left as it is
             folder.rmdir()
+
+
+def new_run_folders(loggers: Any) -> list[Path]:
+    """The save_dir/name/version_N folders the CSV and TensorBoard loggers are set to write that
+    do not exist yet: this run's own, for `remove_unstarted`. A logger left to pick its version
+    at run time is not known here and is left out."""
+    folders: list[Path] = []
+    for a in _versioned_args(loggers):
+        version = a.get("version")
+        if version is None:
+            continue
+        name = version if isinstance(version, str) else f"version_{version}"
+        folder = (_run_folder(a) / name).absolute()
+        if not folder.exists() and folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def remove_unstarted(folders: list[Path]) -> None:
+    """Remove run folders made by a run that failed before its first step (a data setting found
+    wrong at setup): what the loggers wrote at start, and no checkpoint. One holding a .ckpt stays."""
+    for folder in folders:
+        if folder.is_dir() and not any(folder.rglob("*.ckpt")):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def share_logger_version(loggers: Any) -> None:

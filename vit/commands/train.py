@@ -18,7 +18,9 @@ from vit.commands.float32_overrides import compile_if_possible, dotted, trains_f
 from vit.commands.run_folders import (
     check_ckpt_path,
     check_writable,
+    new_run_folders,
     remove_if_empty,
+    remove_unstarted,
     resume_latest_run,
     share_logger_version,
 )
@@ -150,6 +152,7 @@ class ViTCLI(LightningCLI):
         if self.subcommand == "validate":
             refuse_validation(config)
         share_logger_version(config.trainer.logger)
+        self._new_runs = new_run_folders(config.trainer.logger)
         self._probed_folders = check_writable(config.trainer.logger)
         mkl_amd.report(info=rank_zero_info)  # what vit-train's switches did (vit/commands/entry.py)
         malloc.report(info=rank_zero_info)
@@ -159,6 +162,15 @@ class ViTCLI(LightningCLI):
             super().instantiate_classes()
         except BaseException:
             remove_if_empty(getattr(self, "_probed_folders", []))
+            raise
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            if self.trainer.global_step == 0:  # failed before training: no run worth keeping
+                remove_unstarted(getattr(self, "_new_runs", []))
+                remove_if_empty(getattr(self, "_probed_folders", []))
             raise
 
     def _merged(self, overrides: dict[str, Any], name: str) -> Any:
