@@ -176,7 +176,7 @@ SCORE_AND_SAVE='import json, os, sys
 from vit.commands.entry import evaluate
 evaluate()  # sys.argv[1:]: the checkpoint and the options
 from vit.io.hub import save_pretrained
-top1 = json.load(open(os.path.join(sys.argv[-1], "metrics_test.json")))["top1"]
+top1 = json.load(open(os.path.join(os.environ["SCORED"], "metrics_test.json")))["top1"]
 save_pretrained(sys.argv[1], os.environ["SAVE_TO"], metadata={"test_top1": str(top1),
     "recipe": "experiments/gpu8.yaml", "trained_on": os.environ["CARD"],
     "command": "SEED=" + os.environ["SEED"] + " bash scripts/gpu/run_gpu8.sh"})'
@@ -186,8 +186,9 @@ if [[ -n $RUN ]]; then  # a fit the check stopped is not scored
   CKPT=$(ls "$RUN"/checkpoints/best-*.ckpt 2>/dev/null | tail -1 || true)
   CKPT=${CKPT:-$RUN/checkpoints/last.ckpt}
   # the scored weights saved in the same python (torch imported once): model.safetensors
-  SAVE_TO=$WORK/pretrained CARD=$CARD SEED=$SEED timeout -k 5 40 $PY -c "$SCORE_AND_SAVE" "$CKPT" \
-    --split test --no-flip --data-dir "$DATA" --output-dir "$WORK/test" || EVAL_RC=$?
+  SCORED=$WORK/test SAVE_TO=$WORK/pretrained CARD=$CARD SEED=$SEED timeout -k 5 40 $PY \
+    -c "$SCORE_AND_SAVE" "$CKPT" --split test --no-flip --data-dir "$DATA" --output-dir "$WORK/test" \
+    || EVAL_RC=$?
   cp "$WORK/test/metrics_test.json" "$WORK/pretrained/model.safetensors" "$OUT/" || true
   stamp "evaluate ($CKPT), exit $EVAL_RC"
 fi

@@ -161,7 +161,7 @@ class ViTCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except BaseException:
-            remove_if_empty(getattr(self, "_probed_folders", []))
+            self._remove_unstarted_run()
             raise
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -169,9 +169,14 @@ class ViTCLI(LightningCLI):
             super()._run_subcommand(subcommand)
         except BaseException:
             if self.trainer.global_step == 0:  # failed before training: no run worth keeping
-                remove_unstarted(getattr(self, "_new_runs", []))
-                remove_if_empty(getattr(self, "_probed_folders", []))
+                self._remove_unstarted_run()
             raise
+
+    def _remove_unstarted_run(self) -> None:
+        """The folders this run made and never trained in: its version_N (none with a checkpoint),
+        then the probe's, if empty."""
+        remove_unstarted(getattr(self, "_new_runs", []))
+        remove_if_empty(getattr(self, "_probed_folders", []))
 
     def _merged(self, overrides: dict[str, Any], name: str) -> Any:
         """The parsed config with a nested mapping of options merged in, each checked by the
