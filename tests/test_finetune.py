@@ -138,15 +138,19 @@ def test_vit_train_fine_tunes_and_reports_then_resumes_without_the_source(
 ) -> None:
     source = source_checkpoint(tmp_path / "source.ckpt")
     data, runs = make_image_tree(tmp_path / "tiny"), tmp_path / "runs"
+    # a floor under the learning rate: the resumed, longer fit trains on at min_lr (with a floor
+    # of 0 it would be refused, its schedule ended: vit/train/schedule.py)
+    floor = "--model.schedule.min_lr=1e-5"
     with caplog.at_level(logging.INFO):
-        train_main(train_args(data, runs, f"--model.init_from={source}", "--trainer.max_epochs=1"))
+        args = (f"--model.init_from={source}", "--trainer.max_epochs=1", floor)
+        train_main(train_args(data, runs, *args))
     assert "init_from" in caplog.text and "newly initialised head.weight, head.bias" in caplog.text
     last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["hyper_parameters"]["init_from"] == str(source)
     source.unlink()  # a resumed fit takes its weights from the checkpoint, not the source
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        train_main(train_args(data, runs, f"--ckpt_path={last}", "--trainer.max_epochs=2"))
+        train_main(train_args(data, runs, f"--ckpt_path={last}", "--trainer.max_epochs=2", floor))
     assert "not applied, the fit resumes from a checkpoint" in caplog.text
 
 

@@ -590,7 +590,10 @@ def test_muon_lr_scale_sets_the_muon_groups_peak_and_the_schedule_scales_both(tm
 
 def test_a_resume_with_another_optimizer_layout_says_which_to_resume_with(tmp_path) -> None:
     torch.manual_seed(0)
-    module = tiny_classifier(optimizer={"name": "muon"})
+    # a floor under the learning rate: the longer resumes below train on at min_lr (with a floor
+    # of 0 past the saved schedule's end they would be refused: vit/train/schedule.py)
+    floor = {"min_lr": 1e-5}
+    module = tiny_classifier(optimizer={"name": "muon"}, schedule=floor)
     trainer = quiet_trainer(tmp_path, max_steps=2, max_epochs=1)
     trainer.fit(module, random_loader(48))
     path = tmp_path / "muon.ckpt"
@@ -603,13 +606,13 @@ def test_a_resume_with_another_optimizer_layout_says_which_to_resume_with(tmp_pa
         ),
         ({"name": "adamw"}, "--model.optimizer.name muon"),
     ):
-        resumed = tiny_classifier(optimizer=other)
+        resumed = tiny_classifier(optimizer=other, schedule=floor)
         with pytest.raises(ValueError, match=f"a resume needs the same .* {flag}"):
             quiet_trainer(tmp_path, max_steps=4, max_epochs=2).fit(
                 resumed, random_loader(48), ckpt_path=path
             )
     # the same layout resumes; loading the weights into another layout (not a resume) works
-    same = tiny_classifier(optimizer={"name": "muon"})
+    same = tiny_classifier(optimizer={"name": "muon"}, schedule=floor)
     quiet_trainer(tmp_path, max_steps=3, max_epochs=2).fit(same, random_loader(48), ckpt_path=path)
     loaded = ViTClassifier.load_from_checkpoint(path, optimizer={"name": "adamw"})
     assert loaded.hparams.optimizer["name"] == "adamw"

@@ -1,5 +1,6 @@
 """A run SIGKILLed mid-epoch resumes with --ckpt_path last and ends exactly like an uninterrupted
-one; SIGTERM saves last.ckpt at the step under way and exits 143; a failed save leaves the previous
+one, its metrics history whole; a finished run resumed for more epochs is refused (its schedule has
+ended); SIGTERM saves last.ckpt at the step under way and exits 143; a failed save leaves the previous
 last.ckpt; last.ckpt is written by step and epoch."""
 
 from __future__ import annotations
@@ -108,11 +109,13 @@ def run_terminated(config: Path) -> str:
 
 
 def logged(run: Path) -> dict[tuple[str, str], str]:
-    """Every value metrics.csv holds, by (step, metric)."""
+    """Every value metrics.csv holds, by (step, metric); each (step, metric) is logged once."""
     rows = csv.DictReader((run / "metrics.csv").open())
-    return {
-        (r["step"], k): v for r in rows for k, v in r.items() if v and k not in ("step", "epoch")
-    }
+    pairs = [
+        ((r["step"], k), v) for r in rows for k, v in r.items() if v and k not in ("step", "epoch")
+    ]
+    assert len(pairs) == len(dict(pairs)), "a (step, metric) logged twice"
+    return dict(pairs)
 
 
 def test_recipe_killed_mid_epoch_resumes_bitwise(make_image_tree, tmp_path) -> None:
@@ -130,9 +133,13 @@ def test_recipe_killed_mid_epoch_resumes_bitwise(make_image_tree, tmp_path) -> N
     assert_ends_as_the_unbroken_run(tmp_path, stopped_at=killed_at)
 
 
-def assert_ends_as_the_unbroken_run(tmp_path: Path, *, stopped_at: int) -> None:
+def assert_ends_as_the_unbroken_run(
+    tmp_path: Path, *, stopped_at: int, by_sigterm: bool = False
+) -> None:
     """The resumed run b (tmp_path/b) ends with the live and averaged weights, the optimizer state
-    and the metrics logged from `stopped_at` on of the unbroken run a, bitwise."""
+    and the metrics logged from `stopped_at` on of the unbroken run a, bitwise, and its metrics.csv
+    holds a's history before the stop too. `by_sigterm`: less the signal's own step's training
+    metrics, which Lightning logs after the batch-end hook where the save stops the fit."""
     a = load_checkpoint(tmp_path / "a" / "recipe" / "version_0" / "checkpoints" / "last.ckpt")
     # the resumed run kept writing into its own folder
     b = load_checkpoint(tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt")
@@ -153,6 +160,27 @@ def assert_ends_as_the_unbroken_run(tmp_path: Path, *, stopped_at: int) -> None:
     differ = {k: (v, logged_b.get(k)) for k, v in after_stop.items() if logged_b.get(k) != v}
     assert after_stop and not differ
     assert any(metric == "val/acc" for _, metric in after_stop)
+    # and the history before the stop is still there: metrics.csv holds the unbroken run's rows
+    before_stop = {k: v for k, v in logged_a.items() if int(k[0]) < stopped_at}
+    assert any(metric == "val/acc" for _, metric in before_stop)  # epoch 0's, among others
+    unlogged = {k for k in logged_a if by_sigterm and k[0] == str(stopped_at - 1)}
+    assert not by_sigterm or {metric for _, metric in unlogged} == {"train/loss_step", "train/lr"}
+    assert logged_b == {k: v for k, v in logged_a.items() if k not in unlogged}
+
+
+def test_a_finished_run_resumed_for_more_epochs_is_refused_not_trained_at_lr_zero(
+    make_image_tree, tmp_path
+) -> None:
+    """The checkpoint's schedule comes back with it (LambdaLR restores WarmupCosine's fields), so a
+    larger max_epochs does not stretch it: the extra steps would train at learning rate 0."""
+    data = make_image_tree(tmp_path / "data", train_per_class=30)  # 10 steps an epoch
+    config = recipe_config(tmp_path, data, tmp_path / "b")  # 3 epochs: the schedule ends at 30
+    train_main(["fit", "-c", str(config)])
+    with pytest.raises(ValueError, match="schedule ended at step 30") as refused:
+        train_main(["fit", "-c", str(config), "--ckpt_path=last", "--trainer.max_epochs=4"])
+    assert "--model.init_from" in str(refused.value)
+    last = tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(last)["global_step"] == 30  # nothing trained, the run's save kept
 
 
 def test_budget_run_resumes_with_the_time_used_and_its_schedule_goes_on(
@@ -206,7 +234,7 @@ def test_recipe_stopped_by_sigterm_saves_its_step_and_resumes_bitwise(
     assert "--ckpt_path last" in output and "Exit status 143" in output
     resume = recipe_config(tmp_path, data, tmp_path / "b", last_every=1000)
     train_main(["fit", "-c", str(resume), "--ckpt_path=last"])
-    assert_ends_as_the_unbroken_run(tmp_path, stopped_at=14)
+    assert_ends_as_the_unbroken_run(tmp_path, stopped_at=14, by_sigterm=True)
 
 
 def test_budget_run_stopped_by_sigterm_resumes_with_the_time_used(
@@ -316,7 +344,9 @@ def test_disk_full_during_a_save_leaves_the_previous_last_checkpoint(image_tree,
     dm = CIFAR10DataModule(
         data_dir=str(image_tree), cache_dir=str(tmp_path / "cache"), batch_size=8, val_size=6
     )
-    module = tiny_classifier(network={"num_classes": 3})
+    # a floor under the learning rate: the second fit, longer than the first's schedule, trains
+    # on at min_lr (with a floor of 0 it would be refused: vit/train/schedule.py)
+    module = tiny_classifier(network={"num_classes": 3}, schedule={"min_lr": 1e-5})
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, every_n_train_steps=1)
     trainer = L.Trainer(max_epochs=1, logger=False, callbacks=[ckpt], enable_progress_bar=False)
     trainer.fit(module, dm)

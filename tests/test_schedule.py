@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit.train.schedule import ScheduleConfig, WarmupCosine, check_stages, lr_scheduler, stage_value
+from vit.train.schedule import (
+    ScheduleConfig,
+    WarmupCosine,
+    check_resumed_schedule,
+    check_stages,
+    lr_scheduler,
+    stage_value,
+)
 
 # Learning rates are Python floats (float64 on the host): pytest.approx's default (1e-6 relative)
 # is far above their rounding, and no CPU kind changes them.
@@ -176,3 +183,31 @@ def test_an_unknown_decay_is_refused_word_for_word() -> None:
         "decay='step' is not a schedule shape: use one of ('cosine', 'linear') "
         "(cosine is the default; linear decays to min_lr in a straight line)."
     )
+
+
+def _step_schedule(total: int, min_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    schedule = WarmupCosine(total_steps=total, warmup_steps=2, min_ratio=min_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def test_a_resumed_schedule_that_ended_with_more_steps_planned_is_refused_at_lr_zero() -> None:
+    with pytest.raises(ValueError, match="ended at step 10.*the 5 more steps"):
+        check_resumed_schedule(_step_schedule(10), planned_steps=15, step=10, ckpt="a.ckpt")
+    # the same length, or a resume before the end: the fit goes on as saved
+    check_resumed_schedule(_step_schedule(10), planned_steps=10, step=10, ckpt="a.ckpt")
+
+
+def test_a_resumed_schedule_shorter_than_the_fit_is_said_where_training_goes_on(caplog) -> None:
+    caplog.set_level("WARNING", logger="vit.train.schedule")
+    # before its end, or at a floor above 0: the extra steps train, at min_lr; the log says so
+    check_resumed_schedule(_step_schedule(10), planned_steps=15, step=4, ckpt="a.ckpt")
+    check_resumed_schedule(_step_schedule(10, 0.1), planned_steps=15, step=10, ckpt="a.ckpt")
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("ends at step 10" in m and "init_from a.ckpt" in m for m in said)
+
+
+def test_a_time_budget_schedule_is_not_checked_on_resume() -> None:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    on_time = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 0.0)  # a TimeBudget's
+    check_resumed_schedule(on_time, planned_steps=100, step=50, ckpt="a.ckpt")  # no error

@@ -5,10 +5,12 @@ fails before training. Trackers (W&B, MLflow, ...) keep their own run ids."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import importlib
 import logging
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,41 @@ def resume_latest_run(loggers: Any) -> str:
         a.version = _version_of(last.parent.parent.name)
     log.info("resuming %s", last)
     return str(last)
+
+
+def keep_metrics_history(loggers: list[Any], resumed_step: int) -> int:
+    """A resumed run's CSVLogger appends to its folder's metrics.csv instead of starting it anew:
+    Lightning's CSV writer deletes the file when it opens a folder that has one. The rows logged
+    after `resumed_step` (the checkpoint's global step) go: they came from steps the resumed run
+    takes again. Returns how many rows were kept."""
+    kept = 0
+    for logger in loggers:
+        if not isinstance(logger, CSVLogger):
+            continue
+        path = Path(logger.log_dir) / "metrics.csv"
+        if not path.is_file():
+            continue
+        with path.open(newline="") as file:
+            reader = csv.DictReader(file)
+            keys = list(reader.fieldnames or [])
+            rows = [row for row in reader if _row_step(row) <= resumed_step]
+        with warnings.catch_warnings():  # the writer's "will be deleted": no longer so
+            warnings.filterwarnings("ignore", message="Experiment logs directory")
+            writer = logger.experiment  # opening the folder deletes metrics.csv
+        with path.open("w", newline="") as file:
+            out = csv.DictWriter(file, fieldnames=keys)
+            out.writeheader()
+            out.writerows(rows)
+        writer.metrics_keys = keys  # the header it appends under (new keys rewrite it)
+        kept += len(rows)
+    return kept
+
+
+def _row_step(row: dict[str, str]) -> float:
+    try:
+        return float(row.get("step") or "inf")
+    except ValueError:  # not a number: not a row of this writer's
+        return float("inf")
 
 
 def _version_of(folder: str) -> int | str:

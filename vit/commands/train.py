@@ -18,6 +18,7 @@ from vit.commands.float32_overrides import compile_if_possible, dotted, trains_f
 from vit.commands.run_folders import (
     check_ckpt_path,
     check_writable,
+    keep_metrics_history,
     new_run_folders,
     remove_if_empty,
     remove_unstarted,
@@ -103,6 +104,8 @@ class ViTCLI(LightningCLI):
         if not Path(ckpt_path).is_file():  # Lightning's names (last, best, ...) and URLs
             return
         ckpt = load_checkpoint(ckpt_path)
+        if subcommand == "fit":
+            self._resumed_step = ckpt.get("global_step")
         if subcommand == "validate":  # checked here, where the file is read anyway
             refuse_trained_on_validation(ckpt_path, ckpt, self.config[subcommand].get("data"))
         hparams = dict(ckpt.get("hyper_parameters") or {})
@@ -117,7 +120,8 @@ class ViTCLI(LightningCLI):
                 callback.class_path = LEGACY_CLASS_PATHS[callback.class_path]
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             config.ckpt_path = resume_latest_run(config.trainer.logger)
-            load_checkpoint(config.ckpt_path)  # a file that could run code: refused, clearly
+            # a file that could run code: refused, clearly
+            self._resumed_step = load_checkpoint(config.ckpt_path).get("global_step")
         if self.subcommand == "fit" and config.model.get("init_from") and not config.ckpt_path:
             # a missing file or another architecture fails here, before the data is decoded
             check_init_source(config.model.init_from, vars(config.model.network.clone()))
@@ -156,6 +160,12 @@ class ViTCLI(LightningCLI):
         self._probed_folders = check_writable(config.trainer.logger)
         mkl_amd.report(info=rank_zero_info)  # what vit-train's switches did (vit/commands/entry.py)
         malloc.report(info=rank_zero_info)
+
+    def before_fit(self) -> None:
+        """A resumed run's metrics.csv goes on from its checkpoint's step, its history kept."""
+        step = getattr(self, "_resumed_step", None)
+        if step is not None:
+            keep_metrics_history(self.trainer.loggers, step)
 
     def instantiate_classes(self) -> None:
         try:

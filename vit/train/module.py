@@ -30,7 +30,7 @@ from vit.train.finetune import source_normalization, start_from_weights
 from vit.train.metrics import accuracy_metrics
 from vit.train.optim import OptimizerConfig, build_optimizer, check_resume_layout
 from vit.train.resume import restore_rng_and_loss, save_rng_and_loss
-from vit.train.schedule import ScheduleConfig, lr_scheduler
+from vit.train.schedule import ScheduleConfig, check_resumed_schedule, lr_scheduler
 from vit.train.warmup import compile_augment_for_fit, compile_for_fit
 
 Stage = Literal["train", "val", "test"]
@@ -225,6 +225,16 @@ class ViTClassifier(FitControls, L.LightningModule):
         lr = torch.tensor(self.optimizers().param_groups[-1]["lr"])
         self.log("train/lr", lr, on_step=True, on_epoch=False)
         return loss
+
+    def on_train_start(self) -> None:
+        if self.trainer.ckpt_path:  # resumed: the schedule is the checkpoint's (LambdaLR state)
+            for config in self.trainer.lr_scheduler_configs:
+                check_resumed_schedule(
+                    config.scheduler,
+                    planned_steps=int(self.trainer.estimated_stepping_batches),
+                    step=self.trainer.global_step,
+                    ckpt=str(self.trainer.ckpt_path),
+                )
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # CUDA graphs (compile_mode reduce-overhead): each step starts a new generation, as

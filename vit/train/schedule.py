@@ -131,6 +131,35 @@ def lr_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
+def check_resumed_schedule(
+    scheduler: torch.optim.lr_scheduler.LRScheduler, *, planned_steps: int, step: int, ckpt: str
+) -> None:
+    """A resumed fit keeps the step schedule its checkpoint saved: LambdaLR restores a callable
+    object's fields, so a larger trainer.max_epochs does not stretch it. Past the old end the
+    learning rate stays at min_lr: with min_lr 0 the extra steps change nothing, so such a fit is
+    refused; with min_lr > 0 it is said."""
+    schedules = [f for f in getattr(scheduler, "lr_lambdas", []) if isinstance(f, WarmupCosine)]
+    if not schedules or planned_steps <= schedules[0].total:
+        return
+    end = schedules[0].total
+    if step >= end and schedules[0].min_ratio == 0:
+        raise ValueError(
+            f"the checkpoint's learning-rate schedule ended at step {end} (the max_epochs it was "
+            f"trained with); resumed at step {step}, the {planned_steps - step} more steps of this "
+            "fit would train at learning rate 0 and change nothing. To train these weights "
+            f"further, start a new run from them with a schedule of its own: --model.init_from "
+            f"{ckpt} instead of --ckpt_path."
+        )
+    log.warning(
+        "the resumed learning-rate schedule ends at step %d (the checkpoint's max_epochs), not at "
+        "this fit's %d: the steps after it train at min_lr. --model.init_from %s instead of "
+        "--ckpt_path starts a new run from the weights with a schedule of its own.",
+        end,
+        planned_steps,
+        ckpt,
+    )
+
+
 def stage_value(stages: list[tuple[float, Any]], progress: float) -> Any:
     """The value of the last stage of [[fraction, value], ...] that has started."""
     return [value for start, value in stages if start <= progress][-1]
