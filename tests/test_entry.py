@@ -225,3 +225,17 @@ def test_each_command_switches_before_torch_loads_and_helps() -> None:
     )
     for usage in (f"usage: {u}" for u in usages):
         assert usage in done.stdout, usage
+
+
+def test_a_command_prints_a_lightning_message_once() -> None:
+    # the data module's "CIFAR-10: ... source at ..." goes through Lightning's rank_zero_info
+    code = (
+        "from vit.commands.entry import switch_mkl; switch_mkl(); "
+        "from lightning.pytorch.utilities import rank_zero_info; rank_zero_info('one line'); "
+        "import logging; logging.getLogger('vit.x').info('plain line')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert sum("one line" in ln for ln in lines) == 1, lines
+    assert "plain line" in lines  # vit's own messages stay plain lines

@@ -85,10 +85,22 @@ def switch() -> None:
     inductor_cache.separate_by_capability()
 
 
+def plain_logging() -> None:
+    """Messages as plain lines on stderr, each once. Lightning's root package prints its loggers'
+    records with a handler of its own ("INFO: ..."), and they propagate to the root logger too:
+    the root's handler leaves them to it. A root logger already set up (an application's,
+    pytest's) is left as it is."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    root.handlers[0].addFilter(lambda record: not record.name.startswith("lightning."))
+
+
 def switch_mkl() -> None:
     """The switches, MKL's and malloc's logged once, for the commands that log plain messages
     (scripts/benchmark.py too); call it before anything imports torch."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    plain_logging()
     switch()
     mkl_amd.report()
     malloc.report()
