@@ -1,15 +1,23 @@
 """evaluate_loader: counts, top-k, test-time flip and calibration, with models whose answers are
-known."""
+known; and the vit-evaluate command around it: its help, its file names and its refusals."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassCalibrationError
 
+from tests.helpers import SHIPPED, TINY, TINY_DATA_CLASSES, write_safetensors
+from vit.commands.evaluate import _parser, evaluate_main, output_stem, run_evaluate
+from vit.io.pretrained import trained_on_whole_split
+from vit.model.vision_transformer import VisionTransformer
+from vit.train.datamodule import CIFAR10DataModule
 from vit.train.evaluation import evaluate_loader
 
 
@@ -194,3 +202,162 @@ def test_the_model_runs_in_eval_mode_under_the_autocast_asked_for(
         assert not training  # dropout and stochastic depth off
         assert autocast == (dtype is not None)
         assert dtype is None or autocast_dtype == dtype
+
+
+# ---- the vit-evaluate command --------------------------------------------------------------
+
+
+def _weights(path: Path, **metadata: str) -> Path:
+    """A tiny 3-class model as a .safetensors: like shipped weights, no data config."""
+    torch.manual_seed(0)
+    model = VisionTransformer(**{**TINY, "num_classes": 3}).eval()
+    return write_safetensors(model, path, class_names=list(TINY_DATA_CLASSES), **metadata)
+
+
+def _data(image_tree: Path, tmp_path: Path) -> list[str]:
+    return ["--data-dir", str(image_tree), "--cache-dir", str(tmp_path / "cache")]
+
+
+def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """vit-evaluate's stderr for argv, which must be a user error: exit 2, one line."""
+    with pytest.raises(SystemExit) as exit_:
+        evaluate_main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_val_of_the_shipped_weights_is_refused_they_trained_on_every_image(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # no data config in the file: the split would be the data module's default 5000, trained on;
+    # the data folder given does not exist, so the refusal comes before any data is looked for
+    argv = [SHIPPED, "--split", "val", "--data-dir", str(tmp_path / "no_data")]
+    err = _one_line_exit_2([*argv, "--output-dir", str(tmp_path / "eval")], capsys)
+    assert "was trained on the whole training split" in err
+    assert "all 50,000 training images" in err and "--split test" in err
+    assert not (tmp_path / "eval").exists()
+
+
+def test_weights_whose_metadata_says_whole_split_are_refused_on_val_only(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    weights = _weights(tmp_path / "w.safetensors", trained_on="CPU, all 36 training images")
+    args = [str(weights), *_data(image_tree, tmp_path), "--output-dir", str(tmp_path / "eval")]
+    with pytest.raises(ValueError, match=r"whole training split \(its metadata says trained_on "):
+        run_evaluate([*args, "--split", "val"])
+    assert run_evaluate(args)["num_images"] == 12  # its test split is scored as before
+
+
+@pytest.mark.parametrize(
+    ("trained_on", "whole"),
+    [
+        ("2-core Intel Xeon with AMX-BF16, bf16-mixed, 60 minutes, all 50,000 training images, "
+         "2026-12-01", True),  # the shipped weights' own words
+        ("the whole training split", True),
+        ("cpu60.yaml with --data.val_size 0", True),
+        ("data.val_size: 0, 60 minutes", True),
+        ("CPU", False),
+        ("45,000 training images, 5,000 held out (data.val_size 5000)", False),
+        ("val_size 0.1", False),
+        (None, False),
+    ],
+)  # fmt: skip
+def test_trained_on_notes_that_say_every_training_image(
+    trained_on: str | None, whole: bool
+) -> None:
+    metadata = {"format": "vit.VisionTransformer"}
+    if trained_on is not None:
+        metadata["trained_on"] = trained_on
+    assert trained_on_whole_split(metadata) is whole
+
+
+def _fail_if_evaluated(*args: object, **kwargs: object) -> None:
+    raise AssertionError("evaluated before the output folder was checked")
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file", "unwritable", "default is a file"])
+def test_an_output_dir_that_cannot_be_written_is_refused_before_evaluating(
+    case: str,
+    image_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("vit.commands.evaluate.evaluate_loader", _fail_if_evaluated)
+    weights = _weights(tmp_path / "w.safetensors")
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(b"a picture")
+    out, expected = {
+        "a file": (photo, "is a file, not a folder"),
+        "under a file": (photo / "eval", f"would be inside {str(photo)!r}, which is a file"),
+        "unwritable": (tmp_path / "locked" / "eval", "cannot be written"),
+        "default is a file": (None, "the output folder"),
+    }[case]
+    if case == "unwritable":  # chmod does not stop root: the check asks os.access
+        (tmp_path / "locked").mkdir()
+        real = os.access
+        monkeypatch.setattr(
+            os, "access", lambda p, mode, **kw: Path(p) != out.parent and real(p, mode, **kw)
+        )
+    if case == "default is a file":
+        (tmp_path / "eval").write_text("not a folder")  # where eval/ beside the weights goes
+    argv = [str(weights), *_data(image_tree, tmp_path)]
+    err = _one_line_exit_2(argv if out is None else [*argv, "--output-dir", str(out)], capsys)
+    assert expected in err and "pass --output-dir with a folder" in err
+    assert photo.read_bytes() == b"a picture"
+
+
+def test_flip_keeps_its_own_files_beside_the_plain_ones(image_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    args = [str(_weights(tmp_path / "w.safetensors")), *_data(image_tree, tmp_path)]
+    run_evaluate([*args, "--output-dir", str(out)])
+    plain = (out / "metrics_test.json").read_text()
+    run_evaluate([*args, "--flip", "--output-dir", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == [
+        "confusion_matrix_test.png",
+        "confusion_matrix_test_flip.png",
+        "metrics_test.json",
+        "metrics_test_flip.json",
+        "reliability_test.png",
+        "reliability_test_flip.png",
+    ]
+    assert (out / "metrics_test.json").read_text() == plain  # the first result kept
+    assert json.loads(plain)["flip"] is False
+    assert json.loads((out / "metrics_test_flip.json").read_text())["flip"] is True
+
+
+@pytest.mark.parametrize(
+    ("split", "weights", "flip", "stem"),
+    [
+        ("test", None, False, "test"),  # the names scripts/ and the record read: unchanged
+        ("val", None, False, "val"),
+        ("test", "live", False, "test_live"),
+        ("test", None, True, "test_flip"),
+        ("val", "average", True, "val_average_flip"),
+    ],
+)
+def test_each_choice_has_its_own_stem(
+    split: str, weights: str | None, flip: bool, stem: str
+) -> None:
+    assert output_stem(split, weights=weights, flip=flip) == stem
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_a_batch_size_below_1_names_the_flag_typed(
+    size: str, image_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [str(_weights(tmp_path / "w.safetensors")), *_data(image_tree, tmp_path)]
+    err = _one_line_exit_2([*argv, "--batch-size", size], capsys)
+    assert f"--batch-size={size} must be at least 1" in err and "eval_batch_size" not in err
+    # vit-train's word for the same mistake still names its config key
+    with pytest.raises(ValueError, match="fix `eval_batch_size` in the data config"):
+        CIFAR10DataModule(eval_batch_size=int(size))
+
+
+def test_the_help_shows_the_defaults() -> None:
+    text = " ".join(_parser().format_help().split())  # unwrapped
+    options = text.split(" options: ", 1)[1]  # past the usage line
+    for option, default in (("--split", "test"), ("--batch-size", "500"), ("--precision", "32")):
+        entry = options.split(f" {option} ", 1)[1].split(" --", 1)[0]  # up to the next option
+        assert entry.endswith(f"(default: {default})"), entry

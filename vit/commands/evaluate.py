@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vit.commands.whole_split import refuse_whole_split
 from vit.data.datasets import preprocess, recorded_normalization
 from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
 from vit.io.load import load_model, weights_kind
@@ -49,7 +51,12 @@ def _parser() -> argparse.ArgumentParser:
         "PNG and a reliability diagram.",
     )
     parser.add_argument("checkpoint", type=Path, help=CHECKPOINT_HELP)
-    parser.add_argument("--split", choices=("test", "val"), default="test")
+    parser.add_argument(
+        "--split",
+        choices=("test", "val"),
+        default="test",
+        help="the split scored; val: the images the checkpoint's fit held out (default: test)",
+    )
     parser.add_argument(
         "--source",
         choices=("folder", "cifar10", "cifar100"),
@@ -59,14 +66,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-dir", default=None, help="data folder or archive (default: as trained)"
     )
-    parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        help="where decoded images are cached (default: as trained, else $VIT_CACHE_DIR or "
+        "~/.cache/vit)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=500, help="images per forward pass (default: 500)"
+    )
     parser.add_argument(
         "--precision",
         choices=("32", "bf16"),
         default="32",
         help="bf16 is faster on GPUs and CPUs with native bf16 (AVX512-BF16, AMX), many times "
-        "slower on AVX2-only CPUs",
+        "slower on AVX2-only CPUs (default: 32)",
     )
     parser.add_argument(
         "--flip",
@@ -86,8 +100,10 @@ def _parser() -> argparse.ArgumentParser:
         "--output-dir",
         type=Path,
         default=None,
-        help="where metrics, confusion_matrix and reliability files go (default: an eval/ folder beside "
-        "the checkpoint; eval/NAME for shipped weights)",
+        help="the folder metrics_STEM.json, confusion_matrix_STEM.png and reliability_STEM.png "
+        "go to, made if missing; STEM is the split, then _live or _average with --weights and "
+        "_flip with flip on (test, test_flip, val_live, ...), so each choice keeps its own files "
+        "(default: an eval/ folder beside the checkpoint; eval/NAME for shipped weights)",
     )
     return parser
 
@@ -96,12 +112,17 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     """What `vit-evaluate` does; returns the metrics it printed and wrote."""
     ns = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if ns.batch_size < 1:  # here, not the data module's check: that names a config key
+        raise ValueError(f"--batch-size={ns.batch_size} must be at least 1 (default: 500).")
 
     device = resolve_device(ns.device)  # before the checkpoint loads: a typo fails at once
     model, ckpt = load_model(ns.checkpoint, weights=ns.weights)
     model.to(device)
+    out = ns.output_dir or default_eval_dir(ns.checkpoint)
+    check_output_dir(out, given=ns.output_dir is not None)  # before a minute of evaluation
     weights = ns.weights or weights_kind(ckpt)
     hparams = ckpt.get("hyper_parameters") or {}
+    flip = bool(hparams.get("test_flip", False)) if ns.flip is None else ns.flip
     normalization = recorded_normalization(ckpt)  # the model's, whatever the data's would be
     dm = CIFAR10DataModule.from_checkpoint(
         ckpt,
@@ -110,17 +131,13 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         cache_dir=ns.cache_dir,
         eval_batch_size=ns.batch_size,
     )
+    if ns.split == "val":
+        refuse_whole_split(ns.checkpoint, ckpt, dm.hparams.val_size)
     del ckpt  # optimizer state: not needed here
-    if ns.split == "val" and dm.hparams.val_size == 0:
-        raise ValueError(
-            f"{ns.checkpoint} was trained on the whole training split (data.val_size 0): it has "
-            "no validation split to score. Score the test split (--split test, the default)."
-        )
     dm.prepare_data()
     dm.setup("test" if ns.split == "test" else "validate")
     loader = dm.test_dataloader() if ns.split == "test" else dm.val_dataloader()
     classes = list(hparams.get("class_names") or dm.classes)
-    flip = bool(hparams.get("test_flip", False)) if ns.flip is None else ns.flip
     result = evaluate_loader(
         model,
         loader,
@@ -138,11 +155,38 @@ def run_evaluate(argv: list[str] | None = None) -> dict[str, Any]:
         device=str(device),
         data=dict(dm.hparams),
     )
-
-    out = ns.output_dir or default_eval_dir(ns.checkpoint)
-    stem = ns.split if ns.weights is None else f"{ns.split}_{ns.weights}"  # one file per choice
-    _write(result, out, stem, classes)
+    _write(result, out, output_stem(ns.split, weights=ns.weights, flip=flip), classes)
     return result
+
+
+def output_stem(split: str, *, weights: str | None, flip: bool) -> str:
+    """The name shared by one evaluation's files: one per choice, so that scoring a checkpoint
+    again another way keeps the first result; without choices just the split, the name the
+    scripts and the record read (metrics_test.json)."""
+    return "_".join([split, *([weights] if weights else []), *(["flip"] if flip else [])])
+
+
+def check_output_dir(out: Path, *, given: bool) -> None:
+    """Refuse, before any data is read, an output folder that cannot be made or written: a file
+    there, a file in its path, a folder this user cannot write in. (A folder that exists is
+    fine: its files of the same STEM are replaced.)"""
+    flag = f"--output-dir {str(out)!r}" if given else f"the output folder {str(out)!r}"
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"{flag} is a file, not a folder; pass --output-dir with a folder's path (a "
+            "missing folder is made)."
+        )
+    folder = next(p for p in (out, *out.absolute().parents) if p.exists())  # nearest that is
+    if not folder.is_dir():
+        raise ValueError(
+            f"{flag} would be inside {str(folder)!r}, which is a file, not a folder; pass "
+            "--output-dir with a folder's path."
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{flag} cannot be written: {str(folder)!r} does not let this user write in it; "
+            "pass --output-dir with a folder you can write."
+        )
 
 
 def _write(result: dict[str, Any], out: Path, stem: str, classes: list[str]) -> None:

@@ -16,6 +16,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from vit.commands.run_folders import configures
+from vit.io.pretrained import trained_on_whole_split
 from vit.train.datamodule import validation_seed
 
 
@@ -96,6 +97,24 @@ def refuse_trained_on_validation(ckpt_path: str, ckpt: dict[str, Any], data: Any
             f"--data.split_seed {seed} --data.val_size {size} (or fewer images), or score the "
             f"test split: `vit-evaluate {ckpt_path}` (it reads the split from the checkpoint)."
         )
+
+
+def refuse_whole_split(checkpoint: str | Path, ckpt: dict[str, Any], val_size: int) -> None:
+    """--split val of weights known to have trained on every training image: by a vit-train
+    checkpoint's data config (its `val_size`, as the data module reads it), or for weights that
+    record no data config (.safetensors, shipped names, save_pretrained folders, whose data
+    module falls back to holding 5000 out) by their metadata's `trained_on` note."""
+    metadata = ckpt.get("safetensors_metadata") or {}
+    if val_size == 0:
+        why = "data.val_size 0"
+    elif trained_on_whole_split(metadata):
+        why = f"its metadata says trained_on {metadata['trained_on']!r}"
+    else:
+        return
+    raise ValueError(
+        f"{checkpoint} was trained on the whole training split ({why}): it has no validation "
+        "split to score. Score the test split (--split test, the default)."
+    )
 
 
 def checkpoint_to_test(trainer: L.Trainer) -> str:

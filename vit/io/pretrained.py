@@ -7,12 +7,22 @@ class names, and how the weights were made (recipe, test_top1, data, trained_on,
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"  # shipped as package data
 PRETRAINED: dict[str, str] = {
     "vit-tiny-d4-cifar10-cpu60": "vit-tiny-d4-cifar10-cpu60.safetensors",
 }
+
+
+# how a `trained_on` note says no training image was held out: the shipped weights' "all 50,000
+# training images", or a fit's own setting (data.val_size 0)
+WHOLE_SPLIT = re.compile(
+    r"\ball [\d,]+ training images\b|\bwhole training split\b|\bval_size[ :=]+0(?![\d.])",
+    re.IGNORECASE,
+)
 
 
 class WeightsNotFoundError(FileNotFoundError, ValueError):
@@ -48,3 +58,10 @@ def resolve(name_or_path: str | Path) -> Path:
         f"Pass a .ckpt written by vit-train, a .safetensors file from export_safetensors, or one "
         f"of the names available: {available()}."
     )
+
+
+def trained_on_whole_split(metadata: Mapping[str, str]) -> bool:
+    """Whether weights' metadata (load_model's `safetensors_metadata`) says they were trained on
+    every image of the training split, as a fit with data.val_size 0 is: a file records no data
+    config, so its `trained_on` note is the only word on what was held out."""
+    return bool(WHOLE_SPLIT.search(metadata.get("trained_on") or ""))
