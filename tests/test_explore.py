@@ -284,3 +284,26 @@ def test_an_unknown_weights_name_lists_the_names(tmp_path) -> None:
     with pytest.raises(ValueError, match="no-such-weights") as err:
         run_explore(["no-such-weights", "--output", str(tmp_path / "e.html")])
     assert available() in str(err.value) and "vit-tiny-d4-cifar10-cpu60" in str(err.value)
+
+
+def test_a_folder_of_images_is_explored(weights, picture_files, tmp_path, monkeypatch) -> None:
+    """`--images my_photos` shows the folder's images, found as vit-predict finds them."""
+    import vit.commands.explore as explore
+    from vit.commands.visualize import load_image_files
+
+    folder = tmp_path / "my_photos"
+    (folder / "more").mkdir(parents=True)
+    for i, picture in enumerate(picture_files):
+        picture.rename(folder / ("more" if i else ".") / picture.name)
+    shown_images = []
+
+    def spy(model, images, *args, **kwargs):
+        shown_images.append(images)
+        return real(model, images, *args, **kwargs)
+
+    real = explore.write_explorer
+    monkeypatch.setattr(explore, "write_explorer", spy)
+    out = tmp_path / "explorer.html"
+    assert run_explore([str(weights), "--images", str(folder), "--output", str(out)]) == out
+    in_order = [folder / "more" / "picture1.png", folder / "picture0.png"]  # sorted by path
+    assert torch.equal(shown_images[0], load_image_files(in_order, size=32))

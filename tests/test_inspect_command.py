@@ -281,3 +281,38 @@ def test_one_step_twice_is_not_a_strip(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"found 1 distinct checkpoint .*a strip needs at least 2"):
         run_inspect([str(ckpt), str(ckpt), "--output-dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_checkpoints_of_two_architectures_are_refused_before_any_work(
+    tmp_path, picture_files, capsys
+) -> None:
+    """Two runs' checkpoints (depth 2 and depth 1) cannot make one strip: one line names both
+    and what differs, exit 2, where the maps of other depths used to fail to stack."""
+    from tests.helpers import tiny_classifier, vit_train_checkpoint
+
+    a = vit_train_checkpoint(tmp_path / "a.ckpt")  # depth 2, step 12
+    other = tiny_classifier(network={"num_classes": 3, "depth": 1})
+    ckpt = torch.load(a, weights_only=True)
+    ckpt.update(global_step=24, state_dict=other.state_dict(), hyper_parameters=dict(other.hparams))
+    b = tmp_path / "b.ckpt"
+    torch.save(ckpt, b)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        inspect_main(
+            [str(a), str(b), "--images", *map(str, picture_files), "--output-dir", str(out)]
+        )
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert (
+        f"{a} and {b} are not checkpoints of one run: their networks differ (depth 2 vs 1)" in err
+    )
+    assert not out.exists()
+
+
+def test_images_may_be_a_folder(weights, picture_files, tmp_path) -> None:
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    for picture in picture_files:
+        picture.rename(folder / picture.name)
+    run_inspect([str(weights), "--images", str(folder), "--output-dir", str(tmp_path / "out")])
+    assert json.loads((tmp_path / "out" / "inspect.json").read_text())["images"] == 3

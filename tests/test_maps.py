@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from tests.helpers import TINY, forward_sums, sum_tol
+from tests.helpers import REPO, TINY, forward_sums, sum_tol
 from vit.maps.capture import attention_maps, fuse_heads, query_map
 from vit.maps.rollout import discard_lowest, grad_rollout, roll_out, rollout, rollout_map
 from vit.model.vision_transformer import VisionTransformer
@@ -222,3 +222,47 @@ def test_grad_rollout_defaults_to_each_images_predicted_class() -> None:
     assert torch.equal(default, by_class)  # the same targets: the same computation
     _, other = grad_rollout(model, x, target=(predicted + 1) % TINY["num_classes"])
     assert not torch.allclose(other, default, atol=1e-3)  # the target is used when given
+
+
+def test_attention_maps_are_plain_tensors_unless_grad_is_asked() -> None:
+    """What a user draws (plt.imshow(heat[0]), .numpy()) must not need a .detach() first; the
+    graph is kept only when asked for, as gradient rollout asks."""
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY).eval()
+    x = torch.randn(2, 3, 32, 32)
+    logits, maps = attention_maps(model, x)
+    assert not logits.requires_grad and not any(w.requires_grad for w in maps)
+    assert rollout_map(maps, grid=(4, 4))[0].numpy().shape == (4, 4)
+    logits, maps = attention_maps(model, x, grad=True)
+    assert logits.requires_grad and all(w.requires_grad for w in maps)
+    assert torch.autograd.grad(logits[:, 0].sum(), maps[0])[0].shape == maps[0].shape
+
+
+def readme_attention_snippet() -> str:
+    """The Python block of the README's section "Look inside: attention maps"."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Look inside: attention maps", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("kind", ["cls", "mean_pooled", "shipped"])
+def test_the_readmes_attention_snippet_runs(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's calls, as written, on a CLS model, a mean-pooled one (no CLS token: its
+    rollout is read from the patch rows' mean) and the shipped weights (mean-pooled too)."""
+    import vit
+
+    if kind != "shipped":  # the README's load_model, given a small model of its 8x8 grid
+        torch.manual_seed(0)
+        pooling = {"cls": {}, "mean_pooled": {"class_token": False, "global_pool": "avg"}}[kind]
+        small = VisionTransformer(**{**TINY, "patch_size": 4, **pooling}).eval()
+        monkeypatch.setattr(vit, "load_model", lambda *args, **kwargs: (small, {}))
+    images = torch.randn(2, 3, 32, 32)
+    scope = {"images": images}
+    exec(readme_attention_snippet(), scope)  # the README as written, not a copy of it
+    model, heat, cam = scope["model"], scope["heat"], scope["cam"]
+    assert model.num_prefix_tokens == (1 if kind == "cls" else 0)
+    maps = attention_maps(model, images)[1]
+    expected = rollout_map(maps, grid=(8, 8), num_prefix_tokens=model.num_prefix_tokens)
+    assert torch.equal(heat, expected)  # the same calls on the same maps
+    assert heat.numpy().shape == (2, 8, 8)  # plain tensors: ready to draw
+    assert cam.shape == (2, 8, 8)

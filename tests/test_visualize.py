@@ -115,3 +115,86 @@ def test_figures_stay_outside_pyplot_and_the_backend_is_the_callers(tmp_path: Pa
     check += "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()"
     subprocess.run([sys.executable, "-c", check], check=True, cwd=REPO)
     assert _size(tmp_path / "cm.png")[0] > 0
+
+
+def _write_pictures(folder: Path, names: list[str], *, size: tuple[int, int] = (32, 32)) -> None:
+    rng = np.random.default_rng(1)
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)  # (H, W, 3)
+        Image.fromarray(pixels).save(folder / name)
+
+
+def test_images_may_be_folders_and_the_pictures_name_their_files(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """A folder's images are found as vit-predict finds them (recursively, sorted, hidden files
+    and other suffixes left out); each picture's title names its file; sizes read W x H."""
+    import logging
+
+    import vit.maps.plots
+    from vit.commands.predict import find_images
+
+    photos = tmp_path / "my_photos"
+    _write_pictures(photos, ["b.png", "sub/a.jpg", ".hidden/c.png"])
+    _write_pictures(tmp_path, ["wide.png"], size=(48, 40))  # 48 wide, 40 high
+    (photos / "notes.txt").write_text("not a picture")
+    drawn = {}
+    monkeypatch.setattr(
+        vit.maps.plots, "save_figure", lambda fig, path, **_: drawn.update({path.name: fig})
+    )
+    caplog.set_level(logging.INFO, logger="vit.commands.visualize")
+    inputs = [photos, tmp_path / "wide.png"]
+    run_visualize(
+        [str(tiny_checkpoint), "--images", *map(str, inputs), "--output-dir", str(tmp_path / "out")]
+    )
+    names = [p.name for p in find_images(inputs)]
+    assert names == ["b.png", "a.jpg", "wide.png"]
+    rows = [ax.get_title().split("\n")[0] for ax in drawn["rollout.png"].axes[::2]]
+    assert rows == names
+    for i, name in enumerate(names):
+        assert drawn[f"layers_heads_{i}.png"].get_suptitle().startswith(f"{name}: pred: ")
+        assert drawn[f"heads_layer1_{i}.png"].get_suptitle().startswith(f"{name}: pred: ")
+    assert f"resizing {tmp_path / 'wide.png'} from 48x40 to 32x32" in caplog.messages
+
+
+def test_paths_that_hold_no_images_are_named_in_one_line(
+    tiny_checkpoint: Path, tmp_path: Path, capsys
+) -> None:
+    import os
+
+    from vit.commands.visualize import visualize_main
+
+    empty, notes, pipe = tmp_path / "empty", tmp_path / "notes.txt", tmp_path / "pipe"
+    empty.mkdir()
+    notes.write_text("not a picture")
+    os.mkfifo(pipe)
+    cases = {
+        empty: f"folder {str(empty)!r} holds no images",
+        notes: f"{str(notes)!r} is neither an image nor a folder of images; --images takes",
+        pipe: f"{str(pipe)!r} is neither an image nor a folder of images; --images takes",
+        tmp_path / "nope": "does not exist",
+    }
+    for path, message in cases.items():
+        with pytest.raises(SystemExit) as exit_:
+            visualize_main(
+                [str(tiny_checkpoint), "--images", str(path), "--output-dir", str(tmp_path / "out")]
+            )
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_val_images_of_weights_trained_on_every_image_are_refused(tmp_path: Path, capsys) -> None:
+    """The shipped weights record no data config, so the val split would fall back to 5,000
+    images they trained on; their metadata says so, and vit-visualize (and vit-explore, through
+    the same draw) refuses as vit-evaluate does."""
+    from vit.commands.visualize import visualize_main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        visualize_main(["vit-tiny-d4-cifar10-cpu60", "--split", "val", "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert "was trained on the whole training split" in err and "--split test" in err
+    assert not out.exists()

@@ -7,7 +7,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from vit.commands.visualize import model_and_images
+from vit.commands.visualize import IMAGES_HELP, model_and_images
 from vit.io.checkpoint import CHECKPOINT_HELP
 from vit.maps.explorer import _check_output, write_explorer
 from vit.system.errors import exit_on_user_error
@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("weights", type=Path, help=CHECKPOINT_HELP)
     p.add_argument(
-        "--images", type=Path, nargs="+", default=None, help="image files (default: the split's)"
+        "--images", type=Path, nargs="+", default=None, help=IMAGES_HELP + " (default: the split's)"
     )
     p.add_argument(
         "--num-images", type=int, default=16, help="dataset images to show (default: 16)"

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vit.commands.visualize import model_and_images
+from vit.commands.visualize import add_image_arguments, model_and_images
 from vit.data.datasets import preprocess
 from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
 from vit.io.hub_folder import is_hub_folder
 from vit.io.load import load_model
+from vit.io.timm_interop import config_of
 from vit.maps.capture import attention_maps, fuse_heads, patch_grid, query_map
 from vit.maps.inspection import (
     filter_components,
@@ -55,8 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         default=128,
         help="dataset images the attention distance averages over (default: 128, as the paper)",
     )
-    p.add_argument("--images", type=Path, nargs="+", default=None, help="image files instead")
-    p.add_argument("--split", choices=("test", "val"), default="test")
+    add_image_arguments(p, nargs="+", otherwise=", instead of the split's")
     p.add_argument("--seed", type=int, default=0, help="which dataset images are drawn")
     p.add_argument("--data-dir", default=None, help="data folder or archive (default: as trained)")
     p.add_argument("--cache-dir", default=None)
@@ -179,9 +179,7 @@ def inspect_run(ns: argparse.Namespace, paths: list[Path]) -> tuple[dict[str, An
     _, images, _, _, norm = model_and_images(strip_ns, loaded[0][1], weights=ns.which)
     x = preprocess(images, norm)  # one run: its checkpoints share the training data's
     rollouts, layers, distances = [], [], []
-    for _, path, model in loaded:
-        if patch_grid(model) != patch_grid(loaded[0][2]):
-            raise ValueError(f"{path} has another patch grid than {loaded[0][1]}: not one run.")
+    for *_, model in loaded:
         roll, per_layer = _strip_maps(model, x[: ns.strip_images])
         rollouts.append(roll)
         layers.append(per_layer)
@@ -210,8 +208,10 @@ def inspect_run(ns: argparse.Namespace, paths: list[Path]) -> tuple[dict[str, An
 
 
 def _by_step(paths: list[Path], *, which: str | None) -> list[tuple[int, Path, VisionTransformer]]:
-    """(global step, path, model) per distinct step, in step order; the first path of a step."""
+    """(global step, path, model) per distinct step, in step order; the first path of a step.
+    All must be one architecture: the strip stacks their maps, image by image."""
     seen: dict[int, tuple[int, Path, VisionTransformer]] = {}
+    first: tuple[Path, dict[str, Any]] | None = None
     for path in paths:
         model, ckpt = load_model(path, weights=which)
         step = ckpt.get("global_step")
@@ -219,8 +219,22 @@ def _by_step(paths: list[Path], *, which: str | None) -> list[tuple[int, Path, V
             raise ValueError(
                 f"{path} records no training step; the strip takes vit-train .ckpt files."
             )
+        network = (path, config_of(model))
+        first = first or network
+        _check_same_network(first, network)
         seen.setdefault(step, (step, path, model))
     return [seen[s] for s in sorted(seen)]
+
+
+def _check_same_network(a: tuple[Path, dict[str, Any]], b: tuple[Path, dict[str, Any]]) -> None:
+    """Refuse checkpoints of two architectures, naming both and what differs."""
+    differ = [f"{k} {a[1][k]} vs {b[1][k]}" for k in a[1] if a[1][k] != b[1].get(k)]
+    if differ:
+        raise ValueError(
+            f"{a[0]} and {b[0]} are not checkpoints of one run: their networks differ "
+            f"({', '.join(differ)}). The strip compares one run's checkpoints; pass that run's "
+            f"folder (runs/NAME/version_N) or its .ckpt files."
+        )
 
 
 def _strip_maps(model: VisionTransformer, x: Tensor) -> tuple[Tensor, Tensor]:

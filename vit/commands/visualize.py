@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from vit.commands.predict import find_images, read_image
+from vit.commands.whole_split import refuse_whole_split
 from vit.data.datasets import Normalization, recorded_normalization
-from vit.data.folder_source import decode_square
+from vit.data.folder_source import IMAGE_EXTENSIONS
 from vit.io.checkpoint import CHECKPOINT_HELP, WEIGHTS, WEIGHTS_HELP
 from vit.io.load import load_model
 from vit.maps.plots import render
@@ -19,6 +23,9 @@ from vit.system.errors import exit_on_user_error
 from vit.train.datamodule import CIFAR10DataModule
 
 log = logging.getLogger(__name__)
+IMAGES_HELP = "image files, or folders searched recursively for " + ", ".join(
+    sorted(IMAGE_EXTENSIONS)
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,14 +36,7 @@ def _parser() -> argparse.ArgumentParser:
         "and a layers x heads grid, for N dataset images or the image files given.",
     )
     p.add_argument("checkpoint", type=Path, help=CHECKPOINT_HELP)
-    p.add_argument(
-        "--images",
-        type=Path,
-        nargs="*",
-        default=None,
-        help="image files to explain (default: images from the data split)",
-    )
-    p.add_argument("--split", choices=("test", "val"), default="test")
+    add_image_arguments(p, nargs="*", otherwise=" (default: images from the data split)")
     p.add_argument("--num-images", type=int, default=6)
     p.add_argument("--seed", type=int, default=0, help="which dataset images are drawn")
     p.add_argument("--data-dir", default=None, help="data folder or archive (default: as trained)")
@@ -51,17 +51,42 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_image_arguments(p: argparse.ArgumentParser, *, nargs: str, otherwise: str) -> None:
+    """--images (files or folders; `otherwise`: what is shown without them) and --split."""
+    p.add_argument("--images", type=Path, nargs=nargs, default=None, help=IMAGES_HELP + otherwise)
+    p.add_argument("--split", choices=("test", "val"), default="test")
+
+
+def image_files(inputs: list[Path]) -> list[Path]:
+    """The image files named and those in the folders named, found as vit-predict finds them."""
+    for item in inputs:
+        if item.exists() and not item.is_file() and not item.is_dir():  # a device, a pipe
+            raise ValueError(_not_an_image(item))
+    return find_images(inputs)
+
+
 def load_image_files(paths: list[Path], *, size: int) -> Tensor:
-    """Image files -> (B, 3, size, size) uint8, converted to RGB and resized if needed."""
+    """Image files or folders of them -> (B, 3, size, size) uint8, converted to RGB and resized
+    if needed."""
     images = []
-    for path in paths:
-        if not path.is_file():
-            raise FileNotFoundError(f"image file {str(path)!r} does not exist.")
-        image, had = decode_square(path.read_bytes(), name=str(path), side=size)
-        if had != (size, size):
-            log.info("resizing %s from %s to %dx%d", path, had, size, size)
+    for path in image_files(paths):
+        try:
+            image, (width, height) = read_image(path, side=size)
+        except ValueError:
+            if path.suffix.lower() in IMAGE_EXTENSIONS or not os.access(path, os.R_OK):
+                raise  # a broken image or an unreadable file: read_image's message says which
+            raise ValueError(_not_an_image(path)) from None
+        if (width, height) != (size, size):
+            log.info("resizing %s from %dx%d to %dx%d", path, width, height, size, size)
         images.append(image)
     return torch.stack(images)
+
+
+def _not_an_image(path: Path) -> str:
+    return (
+        f"{str(path)!r} is neither an image nor a folder of images; --images takes image files "
+        f"or folders holding {', '.join(sorted(IMAGE_EXTENSIONS))} files."
+    )
 
 
 def dataset_images(
@@ -72,10 +97,14 @@ def dataset_images(
     seed: int = 0,
     data_dir: str | None = None,
     cache_dir: str | None = None,
+    name: str | Path = "these weights",
 ) -> tuple[Tensor, Tensor]:
     """`num_images` uint8 images and their labels, drawn by `seed` from the split of the data the
-    checkpoint (or load_model's dict for a .safetensors) was trained with."""
+    checkpoint (or load_model's dict for a .safetensors) was trained with; `name` names it in the
+    refusal of a val split it trained on."""
     dm = CIFAR10DataModule.from_checkpoint(ckpt, data_dir=data_dir, cache_dir=cache_dir)
+    if split == "val":  # weights that trained on every image have no held-out images to show
+        refuse_whole_split(name, ckpt, dm.hparams.val_size)
     dm.setup("test" if split == "test" else "validate")
     data = dm.test_dataset if split == "test" else dm.val_dataset
     pick = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
@@ -93,12 +122,13 @@ def model_and_images(
     """A command's model (checkpoint, .safetensors or shipped name) and the images to look at:
     the user's files (`ns.images`), or a seeded draw from a split of the data it was trained on;
     with their labels (None for files), the class names and the model's normalization."""
+    files = image_files(ns.images) if ns.images else []  # a wrong path fails before loading
     model, ckpt = load_model(checkpoint, weights=weights)
     classes = list((ckpt.get("hyper_parameters") or {}).get("class_names") or [])
     classes = classes or [str(i) for i in range(model.num_classes)]
     norm = recorded_normalization(ckpt)
-    if ns.images:
-        images = load_image_files(ns.images, size=model.patch_embed.img_size)
+    if files:
+        images = load_image_files(files, size=model.patch_embed.img_size)
         return model, images, None, classes, norm
     images, labels = dataset_images(
         ckpt,
@@ -107,6 +137,7 @@ def model_and_images(
         seed=ns.seed,
         data_dir=ns.data_dir,
         cache_dir=ns.cache_dir,
+        name=checkpoint,
     )
     return model, images, labels, classes, norm
 
@@ -129,6 +160,8 @@ def run_visualize(argv: list[str] | None = None) -> list[Path]:
         discard_ratio=ns.discard_ratio,
         start_layer=ns.start_layer,
     )
+    if ns.images:
+        name_pictures(figures, [p.name for p in image_files(ns.images)])
     paths = [ns.output_dir / f"{name}.png" for name in figures]
     existing = [str(p) for p in paths if p.exists()]
     if existing and not ns.overwrite:
@@ -143,3 +176,17 @@ def run_visualize(argv: list[str] | None = None) -> list[Path]:
         save_figure(fig, path, dpi=100)  # no bbox cropping: pixel size = figsize x dpi
     print(f"wrote {len(paths)} PNGs to {ns.output_dir}")
     return paths
+
+
+def name_pictures(figures: dict[str, Any], names: list[str]) -> None:
+    """Put each image file's name in the titles of its pictures, so that they can be told apart
+    (render titles them by prediction alone). The rollout figure holds a row per image whose
+    first axes carry the title; the others are one image's each, `<kind>_<index>`, suptitled."""
+    rollout = figures["rollout"]
+    for ax, name in zip(rollout.axes[::2], names, strict=True):
+        ax.set_title(f"{name}\n{ax.get_title()}", fontsize=8)
+    rollout.tight_layout()  # room for the second line
+    for key, fig in figures.items():
+        if key != "rollout":
+            index = int(key.rsplit("_", 1)[1])
+            fig.suptitle(f"{names[index]}: {fig.get_suptitle()}", fontsize=9)

@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 HeadFusion = Literal["mean", "max", "min"]
 
 
-def attention_maps(model: nn.Module, images: Tensor) -> tuple[Tensor, list[Tensor]]:
+def attention_maps(
+    model: nn.Module, images: Tensor, *, grad: bool = False
+) -> tuple[Tensor, list[Tensor]]:
     """Logits and every layer's attention weights (B, H, N, N), after softmax, in one forward.
 
     Batched, per call, whatever kernel the model's forward uses: the model's
     `forward_with_attention` runs the explicit path, whose logits equal forward's (tested).
+    By default no autograd graph is built: plain tensors, ready for numpy and matplotlib, and no
+    activations kept. `grad=True` keeps the graph (where gradients are enabled), for gradients
+    with respect to the maps, as grad_rollout takes them.
     """
     if not hasattr(model, "forward_with_attention"):
         raise ValueError(
             f"{type(model).__name__} has no forward_with_attention(); pass a "
             f"vit.model.VisionTransformer (vit.io.load.load_model reads one from a checkpoint)."
         )
-    return model.forward_with_attention(images)
+    with nullcontext() if grad else torch.no_grad():
+        return model.forward_with_attention(images)
 
 
 def patch_grid(model: nn.Module) -> tuple[int, int]:

@@ -65,7 +65,10 @@ def roll_out(layers: list[Tensor]) -> Tensor:
 def rollout_map(
     maps: list[Tensor], *, grid: tuple[int, int], num_prefix_tokens: int = 1, **kwargs
 ) -> Tensor:
-    """Rollout read on the patch grid, (B, g_h, g_w), normalised to max 1 per image."""
+    """Rollout read on the patch grid, (B, g_h, g_w), normalised to max 1 per image: the CLS
+    token's row of the joint attention, or without prefix tokens (mean pooling,
+    num_prefix_tokens=0) the mean of the patch rows, as the pooled output averages them. Pass
+    the model's own `model.num_prefix_tokens`; `kwargs` go to `rollout`."""
     joint = rollout(maps, num_prefix_tokens=num_prefix_tokens, **kwargs)
     return _max_one(query_map(joint, grid=grid, num_prefix_tokens=num_prefix_tokens))
 
@@ -81,12 +84,12 @@ def grad_rollout(
 
     Each layer's weights are multiplied by the positive part of the gradient of the class score
     with respect to those same weights (layer l with grad l), averaged over heads, then rolled out
-    like `rollout`. Needs gradients: do not call under torch.no_grad / inference_mode.
+    like `rollout`. It turns gradients on itself, so it works under torch.no_grad and
+    inference_mode too (tested).
     """
     with torch.inference_mode(False), torch.enable_grad():
-        logits, maps = attention_maps(
-            model, images.clone()
-        )  # clone: a normal tensor, not an inference one
+        # clone: a normal tensor, not an inference one; grad: the graph to the maps
+        logits, maps = attention_maps(model, images.clone(), grad=True)
         _check_start(start_layer, len(maps))
         if target is None:
             target = logits.argmax(dim=-1)
