@@ -1,5 +1,5 @@
-"""scripts/recipe_step.py and scripts/peer_recipe.py stay right: the recipe's stages, the fit's
-step timer, the peer's schedule, fit and report."""
+"""scripts/recipe_step.py, scripts/peer_recipe.py and scripts/compile_time.py stay right: the
+recipe's stages, the fit's step timer, the peer's schedule, fit and report, the compile's plan."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from vit.model.vision_transformer import VisionTransformer
 
 step = load_script("recipe_step")
 peer = load_script("peer_recipe")
+compile_time = load_script("compile_time")
 
 
 def test_stages_follow_the_recipes_curricula() -> None:
@@ -337,3 +338,34 @@ def test_a_peer_from_a_run_of_another_length_is_refused(
         peer.main(["--peer-from", str(earlier), "--minutes", "30"])
     assert exit_info.value.code == 2
     assert f"--minutes 30, but the peer in {earlier} trained 20 minutes" in capsys.readouterr().err
+
+
+def test_compile_time_plans_the_network_and_shapes_the_fit_compiles() -> None:
+    config = yaml.safe_load((REPO / "experiments" / "cpu60.yaml").read_text())
+    float32_net, shapes = compile_time.planned(config, bf16=False)
+    bf16_net, bf16_shapes = compile_time.planned(config, bf16=True)
+    # float32_overrides turn stochastic depth off, a graph of its own; bf16 keeps the config's
+    assert float32_net["drop_path_rate"] == 0.0
+    assert bf16_net["drop_path_rate"] == config["model"]["network"]["drop_path_rate"] == 0.1
+    assert config["model"]["network"]["drop_path_rate"] == 0.1  # the config is left alone
+    # one (side, patch-drop) shape per stage of cpu60.yaml's two curricula, as the fit compiles
+    assert shapes == bf16_shapes == [(16, 0), (24, 0.5), (32, 0.5), (32, 0)]
+
+
+def test_compile_time_record_names_the_kernel_switches_in_its_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in compile_time.KERNEL_SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("VIT_CPU_BF16", "0")
+    run = {"seconds": 90.0, "shapes": 4, "bf16": False, "forward": 60.0, "backward": 30.0}
+    result = {"torch": "x", "runs": {"false": {"cold": {**run, "codegen": 30.0, "cxx wait": 40.0}}}}
+    text = compile_time.markdown(result, ["--dynamic", "false"])
+    first = text.splitlines()[0]
+    assert (
+        first
+        == "`VIT_CPU_BF16=0 ATEN_CPU_CAPABILITY=avx2 python scripts/compile_time.py --dynamic false`"
+    )
+    assert "precision: float32" in text
+    assert "| false | cold | 4 | 90.0 | 60.0 | 30.0 | 30.0 | 40.0 |" in text
