@@ -316,3 +316,19 @@ def test_randaugment_settings_reach_the_training_augmentation(tmp_path: Path) ->
 def test_random_erasing_reaches_the_training_augmentation(tmp_path: Path) -> None:
     assert tiny_datamodule(tmp_path, random_erasing=0.25).train_augment.erase_prob == 0.25
     assert tiny_datamodule(tmp_path).train_augment.erase_prob == 0.0  # off unless asked
+
+
+def test_the_log_names_cifar10_only_where_the_images_are_known_to_be_it(
+    image_tree: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vit.data.cifar10_source import SHARED_COPY, Found
+
+    caplog.set_level("INFO")
+    CIFAR10DataModule(data_dir=str(image_tree)).locate()  # a folder the user names: any images
+    assert f"images: folder source at {image_tree} (data.data_dir)" in caplog.text
+    assert "CIFAR-10" not in caplog.text
+    caplog.clear()
+    shared = Found("folder", image_tree, SHARED_COPY)  # as the search finds ../shared's copy
+    monkeypatch.setattr("vit.train.datamodule.find_source", lambda *args, **kwargs: shared)
+    CIFAR10DataModule().locate()
+    assert f"CIFAR-10: folder source at {image_tree} ({SHARED_COPY})" in caplog.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,7 @@ def test_json_output_and_top_k_beyond_the_classes(weights, photos, tmp_path, cap
     [
         (["PHOTOS/nothing_here.jpg"], "'PHOTOS/nothing_here.jpg' does not exist"),
         (["EMPTY"], "holds no images"),
+        (["PIPE"], "'PIPE' is neither an image file nor a folder; pass image files or folders"),
         (["PHOTOS", "--top-k", "0"], "--top-k=0 must be at least 1"),
         (["PHOTOS", "--batch-size", "0"], "--batch-size=0 must be at least 1"),
         (["PHOTOS", "--output", "p.txt"], "name a .csv or .json file"),
@@ -147,13 +149,14 @@ def test_bad_arguments_exit_2_before_predicting(
     weights, photos, tmp_path, capsys, args: list[str], expected: str
 ) -> None:
     (tmp_path / "empty").mkdir()
-    swap = {"PHOTOS": str(photos), "EMPTY": str(tmp_path / "empty")}
+    os.mkfifo(tmp_path / "pipe")  # there, but neither file nor folder
+    swap = {"PHOTOS": str(photos), "EMPTY": str(tmp_path / "empty"), "PIPE": str(tmp_path / "pipe")}
     argv = [str(weights[1]), *(swap.get(a, a).replace("PHOTOS", str(photos)) for a in args)]
     with pytest.raises(SystemExit) as exit_:
         predict_main(argv)
     assert exit_.value.code == 2
     captured = capsys.readouterr()
-    assert expected.replace("PHOTOS", str(photos)) in captured.err
+    assert expected.replace("PHOTOS", str(photos)).replace("PIPE", swap["PIPE"]) in captured.err
     assert "top-1" not in captured.out  # nothing was predicted
 
 

@@ -47,6 +47,9 @@ def test_names_paths_and_unknowns_resolve(shipped, tmp_path) -> None:
     message = str(err.value)
     assert "'vit-tiny-nothing' does not exist" in message
     assert NAME in message and "vit-tiny-d4-cifar10-cpu60" in message
+    # every kind of weights the loaders take is named: a user may have meant any of them
+    for kind in (".ckpt", ".safetensors", "folder save_pretrained wrote", "hf-hub:owner/name"):
+        assert kind in message, kind
 
 
 def test_a_registered_name_whose_file_is_absent_says_so(tmp_path, monkeypatch) -> None:

@@ -94,6 +94,11 @@ def find_images(inputs: list[Path]) -> list[Path]:
             found.update(dict.fromkeys(inside))
         elif item.is_file():
             found[item] = None  # named explicitly: read whatever its suffix
+        elif item.exists():  # a pipe, a device: there, but no image to read
+            raise ValueError(
+                f"{str(item)!r} is neither an image file nor a folder; pass image files or "
+                "folders of them."
+            )
         else:
             raise FileNotFoundError(f"image or folder {str(item)!r} does not exist.")
     return list(found)

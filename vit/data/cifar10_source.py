@@ -21,6 +21,7 @@ from vit.data.folder_source import Loaded, Split
 from vit.system.paths import default_cache_dir
 
 ENV_VAR = "VIT_DATA_DIR"
+SHARED_COPY = "the shared JPEG copy"  # the place of the search that found it, as logged
 BATCHES = "cifar-10-batches-py"  # torchvision's folder for the official release
 BATCH_FILES = ("batches.meta", *(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
 SHARED_JPEG = Path("..", "shared", "data", "cifar10-jpeg.tar.gz")
@@ -85,7 +86,7 @@ def find_cifar10(data_dir: str | None, *, cache_dir: str | None, download: bool)
     tried = ["data.data_dir: not set", f"${ENV_VAR}: not set"]
     for path in shared_candidates():
         if path.exists():
-            return Found("folder", path, "the shared JPEG copy")
+            return Found("folder", path, SHARED_COPY)
         tried.append(f"the JPEG copy at {path}: absent")
     root = cache_root(cache_dir)
     if has_batches(root):

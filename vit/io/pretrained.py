@@ -55,8 +55,9 @@ def resolve(name_or_path: str | Path) -> Path:
         return path
     raise WeightsNotFoundError(
         f"checkpoint {key!r} does not exist, and it is not the name of shipped weights either. "
-        f"Pass a .ckpt written by vit-train, a .safetensors file from export_safetensors, or one "
-        f"of the names available: {available()}."
+        f"Pass a .ckpt written by vit-train, a .safetensors file from export_safetensors, a "
+        f"folder save_pretrained wrote, hf-hub:owner/name, or one of the names available: "
+        f"{available()}."
     )
 
 

@@ -91,6 +91,13 @@ class PatchEmbed(nn.Module):
 
     def grid(self, x: Tensor) -> int:
         """The side of `x`'s patch grid, once `x` is checked to be images this embedding takes."""
+        if not x.is_floating_point():  # uint8 pixels would fail deep in a product, unexplained
+            raise ValueError(
+                f"expected float images, normalised as the model was trained, got {x.dtype}. "
+                "Convert uint8 pixels with vit.data.datasets.preprocess(images, normalization) "
+                "(the normalization a checkpoint records: vit.data.datasets."
+                "recorded_normalization)."
+            )
         if x.ndim != 4 or x.shape[1:] != (self.in_chans, self.img_size, self.img_size):
             if not self._takes_dynamic(x):
                 raise ValueError(

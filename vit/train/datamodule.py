@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from vit.data.augment import TrainAugment
-from vit.data.cifar10_source import Found
+from vit.data.cifar10_source import SHARED_COPY, Found
 from vit.data.cifar100_source import LabelKind
 from vit.data.datasets import (
     CIFAR10_CLASSES,
@@ -169,7 +169,10 @@ class CIFAR10DataModule(L.LightningDataModule):
             hp = self.hparams
             allowed = hp.download is not False if download is None else download
             found = find_source(hp.source, hp.data_dir, cache_dir=hp.cache_dir, download=allowed)
-            name = "CIFAR-100" if found.source == "cifar100" else "CIFAR-10"
+            # a folder the user names may hold any images: CIFAR-10 only when known to be
+            name = {"cifar100": "CIFAR-100", "cifar10": "CIFAR-10"}.get(found.source) or (
+                "CIFAR-10" if found.place == SHARED_COPY else "images"
+            )
             rank_zero_info(f"{name}: {found.source} source at {found.path} ({found.place})")
             self._found = found
         return self._found
