@@ -117,17 +117,16 @@ def test_wrong_input_shape_names_the_expected_shape(tiny_model, shape) -> None:
         tiny_model(torch.randn(*shape))
 
 
-RECORDED = "vit.data.datasets.recorded_normalization"
-
-
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool])
 def test_pixels_not_yet_floats_name_the_conversion(tiny_model, dtype) -> None:
     images = torch.zeros(2, 3, 32, 32, dtype=dtype)  # the right shape: only the type is wrong
     with pytest.raises(ValueError, match=f"expected float images.*got {dtype}.*preprocess") as e:
         tiny_model(images)
-    message = str(e.value)  # whole: from what was expected to where the normalization comes from
-    assert message.startswith("expected float images, normalised as the model was trained")
-    assert message.endswith("(the normalization a checkpoint records: " + RECORDED + ").")
+    assert str(e.value) == (  # whole: what was expected, and the call that converts
+        f"expected float images, normalised as the model was trained, got {dtype}. Convert uint8 "
+        "pixels with vit.data.datasets.preprocess(images, normalization) (the normalization a "
+        "checkpoint records: vit.data.datasets.recorded_normalization)."
+    )
     tiny_model(images.float())  # the same batch as floats runs
 
 
