@@ -582,3 +582,27 @@ def test_evaluate_device_is_checked_before_anything_loads(monkeypatch, tmp_path,
     with pytest.raises(SystemExit):
         evaluate_main([str(tmp_path / "missing.ckpt"), "--device", "cuda:5"])
     assert "cuda:5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["-c", "no_such.yaml"], "File does not exist: "),
+        (
+            ["-c", str(REPO / "experiments" / "quick.yaml"), "--trainer.max_epochs", "two"],
+            "max_epochs",
+        ),
+    ],
+)
+def test_a_parse_error_is_a_short_usage_and_the_error_not_every_option(
+    args: list[str], said: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["fit", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    # in a test the program is pytest's, not vit-train
+    assert said in err and " fit --help" in err  # where every option is listed
+    usage = [line for line in err.splitlines() if line.startswith("usage:")]
+    assert len(usage) == 1 and usage[0].endswith("fit [-c CONFIG] [--KEY VALUE ...]"), err
+    assert "--trainer.accelerator" not in err  # the long usage listed every option first

@@ -53,6 +53,14 @@ class ViTCLI(LightningCLI):
     and TensorBoard loggers, and `--test_after_fit` to score the best checkpoint on the test split
     when fit ends."""
 
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        # a subcommand's parse error prints its usage line first: listing every option, that
+        # ran ~125 lines ahead of the one-line error; its --help still lists them all. (The
+        # main parser, made first, keeps its own: the subcommands' names are built from it.)
+        if hasattr(self, "parser"):
+            kwargs.setdefault("usage", "%(prog)s [-c CONFIG] [--KEY VALUE ...]")
+        return super().init_parser(**kwargs)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.image_size", "model.network.img_size")
         # always on, whatever the YAML lists: no checkpoint may hold diverged weights
