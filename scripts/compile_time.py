@@ -29,8 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))  # scripts/ is no package: benchmark.py's record writer
 
 import yaml  # noqa: E402
-
-from vit.train.warmup import stage_pairs  # noqa: E402
+from recipe_step import stages  # noqa: E402  (the curricula's stages, read from the config)
 
 # the variables that choose the precision and the kernels: the record's command names them
 KERNEL_SWITCHES = (
@@ -55,12 +54,7 @@ def planned(cfg: dict, *, bf16: bool) -> tuple[dict, list[tuple[int, float]]]:
     network = dict(cfg["model"]["network"])
     if not bf16:
         network.update((cfg.get("float32_overrides") or {}).get("model", {}).get("network", {}))
-    callbacks = {c["class_path"].rsplit(".", 1)[-1]: c.get("init_args", {})
-                 for c in cfg["trainer"]["callbacks"]}  # fmt: skip
-    shapes = stage_pairs(
-        [tuple(s) for s in callbacks.get("ResolutionSchedule", {}).get("stages", [[0, 32]])],
-        [tuple(s) for s in callbacks.get("PatchDropSchedule", {}).get("stages", [[0, 0.0]])],
-    )
+    shapes = list(dict.fromkeys((side, drop) for _, side, drop in stages(cfg)))
     return network, shapes
 
 

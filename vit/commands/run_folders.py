@@ -84,12 +84,11 @@ def resume_latest_run(loggers: Any) -> str:
     return str(last)
 
 
-def keep_metrics_history(loggers: list[Any], resumed_step: int) -> int:
+def keep_metrics_history(loggers: list[Any], resumed_step: int) -> None:
     """A resumed run's CSVLogger appends to its folder's metrics.csv instead of starting it anew:
     Lightning's CSV writer deletes the file when it opens a folder that has one. The rows logged
     after `resumed_step` (the checkpoint's global step) go: they came from steps the resumed run
-    takes again. Returns how many rows were kept."""
-    kept = 0
+    takes again."""
     for logger in loggers:
         if not isinstance(logger, CSVLogger):
             continue
@@ -108,8 +107,6 @@ def keep_metrics_history(loggers: list[Any], resumed_step: int) -> int:
             out.writeheader()
             out.writerows(rows)
         writer.metrics_keys = keys  # the header it appends under (new keys rewrite it)
-        kept += len(rows)
-    return kept
 
 
 def _row_step(row: dict[str, str]) -> float:

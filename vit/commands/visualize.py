@@ -66,10 +66,10 @@ def image_files(inputs: list[Path]) -> list[Path]:
 
 
 def load_image_files(paths: list[Path], *, size: int) -> Tensor:
-    """Image files or folders of them -> (B, 3, size, size) uint8, converted to RGB and resized
+    """Image files (image_files' list) -> (B, 3, size, size) uint8, converted to RGB and resized
     if needed."""
     images = []
-    for path in image_files(paths):
+    for path in paths:
         try:
             image, (width, height) = read_image(path, side=size)
         except ValueError:
