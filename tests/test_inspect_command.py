@@ -157,6 +157,11 @@ def test_the_figures_label_their_axes_and_units(weights) -> None:
     distance = mean_attention_distance(model, torch.randn(2, 3, 32, 32))
     ax = plot_attention_distance(distance).axes[0]
     assert ax.get_xlabel() == "network depth (layer)"
+    # layers numbered from 0, as the maps' "layer 0" rows and inspect.json's first row name them
+    assert [int(t) for t in ax.get_xticks()] == list(range(TINY["depth"]))
+    assert {round(float(x)) for c in ax.collections for x in c.get_offsets()[:, 0]} == set(
+        range(TINY["depth"])
+    )
     assert ax.get_ylabel() == "mean attention distance (pixels)"
     assert len(ax.collections) == TINY["num_heads"]  # one marker set per head
     assert len({c.get_paths()[0].vertices.tobytes() for c in ax.collections}) == 2  # shapes differ

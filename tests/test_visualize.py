@@ -32,7 +32,7 @@ def test_script_writes_pngs_from_dataset_images(tiny_checkpoint: Path, tmp_path:
         + [f"heads_layer1_{i}.png" for i in range(3)]
         + [f"layers_heads_{i}.png" for i in range(3)]
     )
-    assert _size(out / "rollout.png") == (420, 210 * 3)  # figsize (4.2, 2.1 per image) at 100 dpi
+    assert _size(out / "rollout.png") == (480, 210 * 3)  # figsize (4.8, 2.1 per image) at 100 dpi
     assert _size(out / "layers_heads_0.png") == (150 * 3, 150 * 2)  # 2 heads + image, 2 layers
     assert _size(out / "heads_layer1_0.png") == (150 * 3, 150)
 
@@ -66,7 +66,7 @@ def test_script_takes_image_files_of_any_size_and_mode(
     Image.fromarray(rng.integers(0, 255, (32, 32), dtype=np.uint8)).save(gray)
     out = tmp_path / "files"
     run_visualize([str(tiny_checkpoint), "--images", str(rgb), str(gray), "--output-dir", str(out)])
-    assert _size(out / "rollout.png") == (420, 420)
+    assert _size(out / "rollout.png") == (480, 420)
     with pytest.raises(FileNotFoundError, match="missing.png"):
         run_visualize(
             [
@@ -150,8 +150,13 @@ def test_images_may_be_folders_and_the_pictures_name_their_files(
     )
     names = [p.name for p in find_images(inputs)]
     assert names == ["b.png", "a.jpg", "wide.png"]
-    rows = [ax.get_title().split("\n")[0] for ax in drawn["rollout.png"].axes[::2]]
+    # the images' column, then the overlays', then a colour bar per overlay (added last)
+    axes = drawn["rollout.png"].axes
+    rows = [ax.get_title().split("\n")[0] for ax in axes[: 2 * len(names) : 2]]
     assert rows == names
+    bars = axes[2 * len(names) :]
+    assert [ax.get_ylabel() for ax in bars] == ["share of the map's max"] * len(names)
+    assert all(ax.get_ylim() == (0.0, 1.0) for ax in bars)  # each map scaled to its own max
     for i, name in enumerate(names):
         assert drawn[f"layers_heads_{i}.png"].get_suptitle().startswith(f"{name}: pred: ")
         assert drawn[f"heads_layer1_{i}.png"].get_suptitle().startswith(f"{name}: pred: ")

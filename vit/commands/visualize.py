@@ -181,9 +181,10 @@ def run_visualize(argv: list[str] | None = None) -> list[Path]:
 def name_pictures(figures: dict[str, Any], names: list[str]) -> None:
     """Put each image file's name in the titles of its pictures, so that they can be told apart
     (render titles them by prediction alone). The rollout figure holds a row per image whose
-    first axes carry the title; the others are one image's each, `<kind>_<index>`, suptitled."""
+    first axes carry the title (its colour bars come after the rows); the others are one image's
+    each, `<kind>_<index>`, suptitled."""
     rollout = figures["rollout"]
-    for ax, name in zip(rollout.axes[::2], names, strict=True):
+    for ax, name in zip(rollout.axes[: 2 * len(names) : 2], names, strict=True):
         ax.set_title(f"{name}\n{ax.get_title()}", fontsize=8)
     rollout.tight_layout()  # room for the second line
     for key, fig in figures.items():

@@ -37,7 +37,7 @@ def plot_attention_distance(result: AttentionDistance, *, title: str = "") -> Fi
     offsets = torch.linspace(-0.18, 0.18, heads) if heads > 1 else torch.zeros(1)
     for h in range(heads):
         ax.scatter(
-            torch.arange(1, depth + 1) + offsets[h],
+            torch.arange(depth) + offsets[h],  # layers from 0, as every other figure names them
             pixels[:, h],
             marker=MARKERS[h % len(MARKERS)],
             facecolors="none" if h % 2 else "black",
@@ -47,10 +47,10 @@ def plot_attention_distance(result: AttentionDistance, *, title: str = "") -> Fi
         )
     uniform = result.uniform * result.patch_size
     ax.axhline(uniform, color="0.4", linestyle="--", linewidth=1)
-    ax.text(depth + 0.45, uniform, "uniform\nattention", fontsize=7, va="center", color="0.3")
-    ax.set_xlim(0.5, depth + 1.2)
+    ax.text(depth - 0.55, uniform, "uniform\nattention", fontsize=7, va="center", color="0.3")
+    ax.set_xlim(-0.5, depth + 0.2)
     ax.set_ylim(0, max(float(pixels.max()), uniform) * 1.12)
-    ax.set_xticks(range(1, depth + 1))
+    ax.set_xticks(range(depth))
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
     p = result.patch_size

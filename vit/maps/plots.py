@@ -92,15 +92,19 @@ def upsample(maps: Tensor, size: tuple[int, int]) -> Tensor:
 def plot_overlays(
     images: Tensor, maps: Tensor, *, titles: list[str], alpha: float = 0.5, cmap: str = "jet"
 ) -> Figure:
-    """A row per image: the image, and the image with the map overlaid (upsampled smoothly)."""
+    """A row per image: the image, and the image with the map overlaid (upsampled smoothly),
+    with a colour bar: each map is scaled to its own maximum, so the bar reads 0 to 1 of it."""
     heat = upsample(maps, tuple(images.shape[-2:]))
-    fig, axes = _subplots(len(images), 2, figsize=(4.2, 2.1 * len(images)), squeeze=False)
+    fig, axes = _subplots(len(images), 2, figsize=(4.8, 2.1 * len(images)), squeeze=False)
     for row, (image, h, title) in enumerate(zip(images, heat, titles, strict=True)):
         _show_image(axes[row, 0], image)
         axes[row, 0].set_title(title, fontsize=8)
         _show_image(axes[row, 1], image)
-        axes[row, 1].imshow(h.cpu().numpy(), cmap=cmap, alpha=alpha, vmin=0, vmax=1)
+        shown = axes[row, 1].imshow(h.cpu().numpy(), cmap=cmap, alpha=alpha, vmin=0, vmax=1)
         axes[row, 1].set_title("rollout", fontsize=8)
+        bar = fig.colorbar(shown, ax=axes[row, 1], fraction=0.046, pad=0.04)
+        bar.set_label("share of the map's max", fontsize=7)
+        bar.ax.tick_params(labelsize=6)
     fig.tight_layout()
     return fig
 
