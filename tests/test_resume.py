@@ -118,17 +118,46 @@ def logged(run: Path) -> dict[tuple[str, str], str]:
     return dict(pairs)
 
 
+# Lightning's own scalars: "epoch" beside each metrics call (twice at a step with validation),
+# hp_metric's placeholder at step 0 at each fit's start
+LIGHTNINGS = ("epoch", "hp_metric")
+
+
+def tensorboard_scalars(run: Path) -> dict[tuple[str, str], float]:
+    """The scalars of a run folder's TensorBoard event files, by (step, tag), read raw in the
+    order written, as a reader honouring purge markers sees them: a writer's purge_step drops the
+    events before it at that step and after. Each (step, tag) left, but LIGHTNINGS', must be
+    there once."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    events: list[tuple[int, str, float]] = []
+    for path in sorted(run.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime):
+        for event in LegacyEventFileLoader(str(path)).Load():  # as written
+            if event.session_log.status == event.session_log.START:  # purge_step's marker
+                events = [e for e in events if e[0] < event.step]
+            for value in event.summary.value:  # add_scalar writes simple_value
+                if value.WhichOneof("value") == "simple_value" and value.tag not in LIGHTNINGS:
+                    events.append((event.step, value.tag, value.simple_value))
+    pairs = [((str(step), tag), v) for step, tag, v in events]
+    assert len(pairs) == len(dict(pairs)), "a (step, tag) in TensorBoard's events twice"
+    return dict(pairs)
+
+
 def test_recipe_killed_mid_epoch_resumes_bitwise(make_image_tree, tmp_path) -> None:
-    """SIGKILL in the middle of an epoch of the recipe's configuration, then --ckpt_path last:
-    the live and averaged weights, the optimizer state and the logged metrics end bitwise as in a
-    run never interrupted."""
+    """SIGKILL in the middle of an epoch of the recipe's configuration, a step after its last
+    checkpoint, then --ckpt_path last: the live and averaged weights, the optimizer state and the
+    logged metrics end bitwise as in a run never interrupted, each step's metrics once (the killed
+    run had logged the step the resumed one takes again)."""
     data = make_image_tree(tmp_path / "data", train_per_class=30)  # 84 train images: 10 steps/epoch
-    train_main(["fit", "-c", str(recipe_config(tmp_path, data, tmp_path / "a"))])
-    run_killed(recipe_config(tmp_path, data, tmp_path / "b", kill=14))
+    train_main(["fit", "-c", str(recipe_config(tmp_path, data, tmp_path / "a", last_every=4))])
+    run_killed(recipe_config(tmp_path, data, tmp_path / "b", kill=14, last_every=4))
     last = tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt"
     killed_at = load_checkpoint(last)["global_step"]
-    assert killed_at == 13 and killed_at % 10 != 0  # mid-epoch (epoch 1, batch 4)
-    resume = recipe_config(tmp_path, data, tmp_path / "b")
+    assert killed_at == 12 and killed_at % 10 != 0  # mid-epoch (epoch 1, batch 2)
+    killed_run = tmp_path / "b" / "recipe" / "version_0"
+    # the step after the checkpoint logged its metrics (under step 12) before the kill
+    assert max(int(step) for step, _ in logged(killed_run)) == killed_at
+    resume = recipe_config(tmp_path, data, tmp_path / "b", last_every=4)
     train_main(["fit", "-c", str(resume), "--ckpt_path=last"])
     assert_ends_as_the_unbroken_run(tmp_path, stopped_at=killed_at)
 
@@ -166,6 +195,9 @@ def assert_ends_as_the_unbroken_run(
     unlogged = {k for k in logged_a if by_sigterm and k[0] == str(stopped_at - 1)}
     assert not by_sigterm or {metric for _, metric in unlogged} == {"train/loss_step", "train/lr"}
     assert logged_b == {k: v for k, v in logged_a.items() if k not in unlogged}
+    # TensorBoard: the same values, the killed run's events from the stop on purged
+    scalars_a, scalars_b = tensorboard_scalars(run_a), tensorboard_scalars(run_b)
+    assert scalars_a and scalars_b == {k: v for k, v in scalars_a.items() if k not in unlogged}
 
 
 def test_a_finished_run_resumed_for_more_epochs_is_refused_not_trained_at_lr_zero(

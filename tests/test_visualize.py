@@ -203,3 +203,40 @@ def test_val_images_of_weights_trained_on_every_image_are_refused(tmp_path: Path
     assert exit_.value.code == 2 and err.count("\n") == 1, err
     assert "was trained on the whole training split" in err and "--split test" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("n", [10, 20, 21, 100])
+def test_the_confusion_matrix_annotates_small_ones_and_keeps_large_ones_to_a_screen(
+    n: int, tmp_path: Path
+) -> None:
+    """Up to ANNOTATED_CLASSES each cell shows its count; past it (CIFAR-100's 100 classes) no
+    counts, a colour bar, every class still named, the figure within LARGEST_SIDE_INCHES."""
+    import torch
+
+    from vit.maps.plots import (
+        ANNOTATED_CLASSES,
+        LARGEST_SIDE_INCHES,
+        plot_confusion_matrix,
+        save_figure,
+    )
+
+    counts = torch.randint(0, 5, (n, n), generator=torch.Generator().manual_seed(n))
+    counts[0] = 0  # a class without test images: its row reads zero, not NaN
+    classes = [f"class_{i:03d}" for i in range(n)]
+    fig = plot_confusion_matrix(counts, classes=classes)
+    ax = fig.axes[0]
+    shown = torch.from_numpy(np.asarray(ax.images[0].get_array()))
+    expected = counts.float() / counts.sum(dim=1, keepdim=True).clamp(min=1)
+    assert torch.allclose(shown.float(), expected) and shown[0].eq(0).all()
+    assert [t.get_text() for t in ax.get_yticklabels()] == classes
+    assert [t.get_text() for t in ax.get_xticklabels()] == classes
+    texts = [t.get_text() for t in ax.texts]
+    if n <= ANNOTATED_CLASSES:
+        assert texts == [str(int(c)) for c in counts.flatten()] and len(fig.axes) == 1
+    else:
+        assert texts == [] and len(fig.axes) == 2  # the colour bar's axes
+        assert fig.axes[1].get_ylabel() == "share of the true class"
+        width, height = fig.get_size_inches()
+        assert height <= LARGEST_SIDE_INCHES + 1.0 and width <= LARGEST_SIDE_INCHES + 2.0
+    save_figure(fig, tmp_path / "cm.png", dpi=120, bbox_inches="tight")  # as vit-evaluate does
+    assert max(_size(tmp_path / "cm.png")) <= 120 * (LARGEST_SIDE_INCHES + 2.5)

@@ -85,11 +85,19 @@ def resume_latest_run(loggers: Any) -> str:
 
 
 def keep_metrics_history(loggers: list[Any], resumed_step: int) -> None:
-    """A resumed run's CSVLogger appends to its folder's metrics.csv instead of starting it anew:
-    Lightning's CSV writer deletes the file when it opens a folder that has one. The rows logged
-    after `resumed_step` (the checkpoint's global step) go: they came from steps the resumed run
-    takes again."""
+    """A resumed run's CSVLogger appends to its folder's metrics.csv instead of starting it anew
+    (Lightning's CSV writer deletes the file when it opens a folder that has one), and its
+    TensorBoardLogger marks the steps it logs again as purged. Lightning logs a step's metrics
+    under the step count before it, so all that a run logged up to its checkpoint at
+    `resumed_step` (the checkpoint's global step) sits at steps below it; the rows at that step
+    and after came from steps the resumed run takes again: they go from metrics.csv, and
+    TensorBoard's readers drop their events (SummaryWriter's purge_step; the event files keep
+    them)."""
     for logger in loggers:
+        # the writer is made lazily; the CLI passes purge_step=None when the config names none
+        tensorboard = isinstance(logger, TensorBoardLogger) and logger._experiment is None
+        if tensorboard and logger._kwargs.get("purge_step") is None:
+            logger._kwargs["purge_step"] = resumed_step
         if not isinstance(logger, CSVLogger):
             continue
         path = Path(logger.log_dir) / "metrics.csv"
@@ -98,7 +106,7 @@ def keep_metrics_history(loggers: list[Any], resumed_step: int) -> None:
         with path.open(newline="") as file:
             reader = csv.DictReader(file)
             keys = list(reader.fieldnames or [])
-            rows = [row for row in reader if _row_step(row) <= resumed_step]
+            rows = [row for row in reader if _row_step(row) < resumed_step]
         with warnings.catch_warnings():  # the writer's "will be deleted": no longer so
             warnings.filterwarnings("ignore", message="Experiment logs directory")
             writer = logger.experiment  # opening the folder deletes metrics.csv
