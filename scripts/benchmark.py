@@ -44,6 +44,7 @@ from vit.system.hardware import (
     cpu_has_fast_bf16,
     cpu_name,
     resolve_device,
+    vector_flags,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -497,6 +498,26 @@ def summary_lines(results: dict) -> list[str]:
             for c in ceilings
         ]
     return lines
+
+
+def record_head(script: str, argv: list[str] | None) -> dict:
+    """The fields every record of a script opens with: its command as run, the date, the machine
+    (CPU and vector flags), torch's version and the threads."""
+    return dict(
+        command=f"python scripts/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        date=time.strftime("%Y-%m-%d"),
+        machine=f"{cpu_name()} ({' '.join(vector_flags())})",
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+    )
+
+
+def print_and_record(res: dict, text: str, *, out: Path, name: str | None) -> dict:
+    """Print a script's table, and keep it with its data as NAME.md and NAME.json where `name`."""
+    print(text)
+    if name:
+        write_record(out, name, res, text)
+    return res
 
 
 def write_record(out: Path, name: str, data: object, text: str) -> None:

@@ -35,13 +35,11 @@ if __name__ == "__main__":  # as the entry points: MKL's AVX2 kernels on AMD CPU
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from benchmark import gemm_peak, write_record  # noqa: E402
+from benchmark import gemm_peak, print_and_record, record_head  # noqa: E402
 
 from vit.system.hardware import (  # noqa: E402
     check_cpp_compiler,
     cpu_has_fast_bf16,
-    cpu_name,
-    vector_flags,
 )
 
 DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}
@@ -201,12 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
         rounds=ns.rounds,
     )
     res = dict(
-        command="python scripts/product_rates.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        date=time.strftime("%Y-%m-%d"),
-        machine=f"{cpu_name()} ({' '.join(vector_flags())})",
-        torch=torch.__version__,
-        threads=torch.get_num_threads(),
+        **record_head("product_rates.py", argv),
         precision=precision,
         square=ns.square,
         square_gflop_per_s=round(gemm_peak(dtype, sizes=(ns.square,), rounds=ns.rounds), 1),
@@ -215,11 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
             dtype, tokens=ns.tokens[-1], width=ns.width, mlp=ns.mlp, rounds=ns.rounds
         ),
     )
-    text = to_markdown(res)
-    print(text)
-    if ns.name:
-        write_record(ns.out_dir, ns.name, res, text)
-    return res
+    return print_and_record(res, to_markdown(res), out=ns.out_dir, name=ns.name)
 
 
 if __name__ == "__main__":
