@@ -132,6 +132,9 @@ def test_images_may_be_folders_and_the_pictures_name_their_files(
     and other suffixes left out); each picture's title names its file; sizes read W x H."""
     import logging
 
+    import torch
+
+    import vit
     import vit.maps.plots
     from vit.commands.predict import find_images
 
@@ -161,6 +164,15 @@ def test_images_may_be_folders_and_the_pictures_name_their_files(
         assert drawn[f"layers_heads_{i}.png"].get_suptitle().startswith(f"{name}: pred: ")
         assert drawn[f"heads_layer1_{i}.png"].get_suptitle().startswith(f"{name}: pred: ")
     assert f"resizing {tmp_path / 'wide.png'} from 48x40 to 32x32" in caplog.messages
+    # render takes the names with the images, one each
+    rollout_titles = [ax.get_title() for ax in axes[: 2 * len(names) : 2]]
+    assert all(t.split("\n")[1].startswith("pred: ") for t in rollout_titles)
+    model = vit.load_model(tiny_checkpoint)[0]
+    with pytest.raises(ValueError, match="2 names for 1 images: give one per image"):
+        vit.maps.plots.render(
+            model, torch.zeros(1, 3, 32, 32, dtype=torch.uint8), classes=["a"] * 10,
+            labels=None, names=["x.png", "y.png"],
+        )  # fmt: skip
 
 
 def test_paths_that_hold_no_images_are_named_in_one_line(

@@ -207,3 +207,68 @@ def test_with_lightnings_default_checkpoint_the_test_scores_its_latest(
     tested = [float(row["test/acc"]) for row in rows if row.get("test/acc")]
     result = run_evaluate([str(kept), "--no-flip", "--output-dir", str(tmp_path / "eval")])
     assert len(tested) == 1 and tested[0] == pytest.approx(result["top1"], abs=1e-6)
+
+
+def test_exported_weights_keep_the_images_they_held_out(image_tree: Path, tmp_path: Path) -> None:
+    """export_safetensors and save_pretrained record the split settings (data_split): their
+    weights' validation split is the checkpoint's, not the default one."""
+    import vit
+    from vit.io.checkpoint import load_checkpoint
+    from vit.io.load import export_safetensors, load_model
+
+    runs, cache = tmp_path / "runs", str(tmp_path / "cache")
+    extra = ("--trainer.max_epochs=1", "--data.seed=5", "--data.split_seed=3")
+    train_main(train_args(image_tree, runs, *extra))
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    trained = CIFAR10DataModule.from_checkpoint(load_checkpoint(last), cache_dir=cache)
+    trained.setup("validate")
+    default = CIFAR10DataModule(data_dir=str(image_tree), cache_dir=cache, val_size=6)
+    default.setup("validate")  # what weights that record no split fall back to
+    assert not torch.equal(trained.val_dataset.images, default.val_dataset.images)
+    single = export_safetensors(last, tmp_path / "m.safetensors")
+    for weights in (single, vit.save_pretrained(last, tmp_path / "folder")):
+        info = load_model(weights)[1]
+        split = {k: info["datamodule_hyper_parameters"][k] for k in ("val_size", "seed")}
+        assert split == {"val_size": 6, "seed": 5}
+        assert info["datamodule_hyper_parameters"]["split_seed"] == 3
+        dm = CIFAR10DataModule.from_checkpoint(info, data_dir=str(image_tree), cache_dir=cache)
+        dm.setup("validate")
+        assert torch.equal(dm.val_dataset.images, trained.val_dataset.images), weights
+
+
+def test_exported_weights_of_a_whole_split_fit_refuse_the_validation_split(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    import vit
+    from vit.io.load import export_safetensors
+
+    runs = tmp_path / "runs"
+    train_main(_whole_split_args(image_tree, runs, "--trainer.max_epochs=1"))
+    last = runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    single = export_safetensors(last, tmp_path / "m.safetensors")
+    for weights in (single, vit.save_pretrained(last, tmp_path / "folder")):
+        argv = [str(weights), "--split", "val", "--data-dir", str(image_tree)]
+        with pytest.raises(ValueError, match=r"whole training split \(data.val_size 0\)"):
+            run_evaluate([*argv, "--output-dir", str(tmp_path / "val")])
+        assert not (tmp_path / "val").exists()  # refused before anything was written
+
+
+def test_a_damaged_data_split_entry_is_named(image_tree: Path, tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from vit.io.load import export_safetensors, load_model
+
+    runs = tmp_path / "runs"
+    train_main(train_args(image_tree, runs, "--trainer.max_epochs=1"))
+    good = export_safetensors(
+        runs / "tiny" / "version_0" / "checkpoints" / "last.ckpt", tmp_path / "g.safetensors"
+    )
+    with safe_open(str(good), "pt") as f:
+        state, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    for bad in ("{not json", '{"val_size": 6, "data_dir": "/elsewhere"}', "[6]"):
+        save_file(
+            state, str(tmp_path / "bad.safetensors"), metadata={**metadata, "data_split": bad}
+        )
+        with pytest.raises(ValueError, match="data_split=.*re-export the weights"):
+            load_model(tmp_path / "bad.safetensors")

@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -159,9 +158,8 @@ def run_visualize(argv: list[str] | None = None) -> list[Path]:
         head_fusion=ns.head_fusion,
         discard_ratio=ns.discard_ratio,
         start_layer=ns.start_layer,
+        names=[p.name for p in image_files(ns.images)] if ns.images else None,
     )
-    if ns.images:
-        name_pictures(figures, [p.name for p in image_files(ns.images)])
     paths = [ns.output_dir / f"{name}.png" for name in figures]
     existing = [str(p) for p in paths if p.exists()]
     if existing and not ns.overwrite:
@@ -176,18 +174,3 @@ def run_visualize(argv: list[str] | None = None) -> list[Path]:
         save_figure(fig, path, dpi=100)  # no bbox cropping: pixel size = figsize x dpi
     print(f"wrote {len(paths)} PNGs to {ns.output_dir}")
     return paths
-
-
-def name_pictures(figures: dict[str, Any], names: list[str]) -> None:
-    """Put each image file's name in the titles of its pictures, so that they can be told apart
-    (render titles them by prediction alone). The rollout figure holds a row per image whose
-    first axes carry the title (its colour bars come after the rows); the others are one image's
-    each, `<kind>_<index>`, suptitled."""
-    rollout = figures["rollout"]
-    for ax, name in zip(rollout.axes[: 2 * len(names) : 2], names, strict=True):
-        ax.set_title(f"{name}\n{ax.get_title()}", fontsize=8)
-    rollout.tight_layout()  # room for the second line
-    for key, fig in figures.items():
-        if key != "rollout":
-            index = int(key.rsplit("_", 1)[1])
-            fig.suptitle(f"{names[index]}: {fig.get_suptitle()}", fontsize=9)

@@ -100,10 +100,11 @@ def refuse_trained_on_validation(ckpt_path: str, ckpt: dict[str, Any], data: Any
 
 
 def refuse_whole_split(checkpoint: str | Path, ckpt: dict[str, Any], val_size: int) -> None:
-    """--split val of weights known to have trained on every training image: by a vit-train
-    checkpoint's data config (its `val_size`, as the data module reads it), or for weights that
-    record no data config (.safetensors, shipped names, save_pretrained folders, whose data
-    module falls back to holding 5000 out) by their metadata's `trained_on` note."""
+    """--split val of weights known to have trained on every training image: by their data
+    config's `val_size`, as the data module reads it (a vit-train checkpoint's, or the
+    `data_split` that export_safetensors and save_pretrained record), or for weights that record
+    none (files exported before it, shipped names; their data module falls back to holding 5000
+    out) by their metadata's `trained_on` note."""
     metadata = ckpt.get("safetensors_metadata") or {}
     if val_size == 0:
         why = "data.val_size 0"

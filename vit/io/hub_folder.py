@@ -25,7 +25,7 @@ CONFIG_FILE, WEIGHTS_FILE, CARD_FILE = "config.json", "model.safetensors", "READ
 HUB_PREFIX = "hf-hub:"  # timm's prefix for a Hub repository: hf-hub:owner/name
 REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")  # the Hub's owner/name
 # JSON-encoded in safetensors metadata, plain in config.json
-JSON_KEYS = ("config", "class_names", "mean", "std")
+JSON_KEYS = ("config", "class_names", "mean", "std", "data_split")
 # the constructor's arguments: top-level keys of config.json
 ARGUMENTS = tuple(inspect.signature(VisionTransformer.__init__).parameters)[1:]
 

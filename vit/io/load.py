@@ -13,6 +13,7 @@ from vit.io.safetensors_file import (
     SAFETENSORS_FORMAT,
     _read_safetensors,
     _safetensors_model,
+    data_split_metadata,
     recorded_mean_std,
     safetensors_info,
 )
@@ -73,8 +74,9 @@ def load_model(
 
 def made_how(ckpt: dict[str, Any]) -> dict[str, str]:
     """What a vit-train checkpoint says of how its weights were made, as model-card metadata:
-    which weights, the weights a fine-tune started from, where the data was, and the mean and
-    std its inputs are normalized with (JSON lists) where it records them."""
+    which weights, the weights a fine-tune started from, where the data was, the mean and std
+    its inputs are normalized with (JSON lists) and its split settings (data_split_metadata)
+    where it records them."""
     known = {"weights": weights_kind(ckpt)}
     hparams = ckpt.get("hyper_parameters") or {}
     start = hparams.get("init_from")
@@ -87,7 +89,7 @@ def made_how(ckpt: dict[str, Any]) -> dict[str, str]:
         known["data"] = f"CIFAR-100, {data.get('cifar100_labels', 'fine')} labels{where}"
     elif data.get("data_dir"):
         known["data"] = f"{data.get('source', 'auto')} source at {data['data_dir']}"
-    return known
+    return known | data_split_metadata(data)
 
 
 def mean_std_metadata(hparams: dict[str, Any]) -> dict[str, str]:
@@ -150,7 +152,8 @@ def export_safetensors(
 
     Metadata (str -> str): `format`, `config` (JSON constructor arguments), `weights` (average or
     live) and, when the checkpoint records them, `class_names`, `mean` and `std` (JSON lists;
-    the mean and std the inputs are normalized with); `metadata` adds keys
+    the mean and std the inputs are normalized with) and `data_split` (a JSON object: the data
+    settings that decide the held-out images, data_split_metadata); `metadata` adds keys
     of your own (how the weights were made: recipe, test_top1, ...). Read back with
     load_safetensors or load_model.
     """
@@ -166,6 +169,7 @@ def export_safetensors(
     if class_names is not None:
         ours["class_names"] = json.dumps(list(class_names))
     ours |= mean_std_metadata(ckpt.get("hyper_parameters") or {})
+    ours |= data_split_metadata(ckpt.get("datamodule_hyper_parameters") or {})
     extra = dict(metadata or {})
     bad = sorted(k for k, v in extra.items() if k in ours or not isinstance(v, str))
     if bad:

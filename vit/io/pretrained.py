@@ -63,6 +63,7 @@ def resolve(name_or_path: str | Path) -> Path:
 
 def trained_on_whole_split(metadata: Mapping[str, str]) -> bool:
     """Whether weights' metadata (load_model's `safetensors_metadata`) says they were trained on
-    every image of the training split, as a fit with data.val_size 0 is: a file records no data
-    config, so its `trained_on` note is the only word on what was held out."""
+    every image of the training split, as a fit with data.val_size 0 is: for files without a
+    `data_split` entry (the shipped weights, files exported before it), the only word on what
+    was held out."""
     return bool(WHOLE_SPLIT.search(metadata.get("trained_on") or ""))

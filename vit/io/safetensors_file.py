@@ -72,14 +72,49 @@ def recorded_mean_std(hparams: dict[str, Any]) -> tuple[Any, Any] | None:
     return hparams.get("mean"), hparams.get("std")
 
 
+# the data settings that decide which dataset and which of its training images the weights
+# held out: export_safetensors records them (`data_split`, JSON), so that vit-evaluate --split val
+# scores the images the weights never trained on, or refuses weights that held none out
+SPLIT_KEYS = ("source", "cifar100_labels", "val_size", "seed", "split_seed", "train_subset")
+
+
+def data_split_metadata(data: dict[str, Any]) -> dict[str, str]:
+    """A checkpoint's data settings (`datamodule_hyper_parameters`) of SPLIT_KEYS, as metadata:
+    {"data_split": JSON}, or nothing where it records none. A folder source is left out (its
+    path is this machine's; the search finds CIFAR-10 elsewhere)."""
+    kept = {k: data[k] for k in SPLIT_KEYS if k in data}
+    if kept.get("source") not in ("cifar10", "cifar100"):
+        kept.pop("source", None)
+    return {"data_split": json.dumps(kept)} if kept else {}
+
+
+def split_settings(metadata: dict[str, str]) -> dict[str, Any]:
+    """The data settings a file's `data_split` records (data_split_metadata); none before it."""
+    if "data_split" not in metadata:
+        return {}
+    try:
+        settings = json.loads(metadata["data_split"])
+    except json.JSONDecodeError:
+        settings = None
+    if not isinstance(settings, dict) or set(settings) - set(SPLIT_KEYS):
+        raise ValueError(
+            f"the weights' metadata data_split={metadata['data_split']!r} is not a JSON object "
+            f"of the data settings {list(SPLIT_KEYS)}; re-export the weights with "
+            "export_safetensors, or remove the entry (the default split is then assumed)."
+        )
+    return settings
+
+
 def safetensors_info(metadata: dict[str, str]) -> dict[str, Any]:
     """What load_model returns beside a .safetensors model, in a checkpoint's shape, so the
     commands read both alike: `hyper_parameters` (metadata_hparams, test_flip off),
-    `datamodule_hyper_parameters` (the image size it was trained at; every other data setting
-    takes CIFAR10DataModule's default) and `safetensors_metadata` (the file's metadata as is)."""
+    `datamodule_hyper_parameters` (the image size it was trained at and the split settings it
+    records, split_settings; every other data setting takes CIFAR10DataModule's default) and
+    `safetensors_metadata` (the file's metadata as is)."""
+    image_size = json.loads(metadata["config"])["img_size"]
     return {
         "hyper_parameters": {**metadata_hparams(metadata), "test_flip": False},
-        "datamodule_hyper_parameters": {"image_size": json.loads(metadata["config"])["img_size"]},
+        "datamodule_hyper_parameters": {"image_size": image_size, **split_settings(metadata)},
         "safetensors_metadata": dict(metadata),
     }
 

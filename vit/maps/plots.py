@@ -186,10 +186,12 @@ def render(
     labels: Tensor | None,
     layer: int = -1,
     normalization: Normalization = CIFAR10_NORMALIZATION,
+    names: list[str] | None = None,
     **rollout_kwargs,
 ) -> dict[str, object]:
     """Figures for uint8 images, normalized with the model's `normalization`:
-    {"rollout": fig, "heads_layerL_i": fig, "layers_heads_i": fig}."""
+    {"rollout": fig, "heads_layerL_i": fig, "layers_heads_i": fig}, each titled by its
+    prediction (and label), after the image's name in `names` (its file's) where given."""
     from vit.maps.plots import plot_map_grid, plot_overlays  # matplotlib only when drawing
 
     was_training = model.training
@@ -205,11 +207,18 @@ def render(
             pred.tolist(), (labels if labels is not None else pred).tolist(), strict=True
         )
     ]
+    if names is not None:
+        if len(names) != len(images):
+            raise ValueError(f"{len(names)} names for {len(images)} images: give one per image.")
+        rows = [f"{name}\n{title}" for name, title in zip(names, titles, strict=True)]
+        titles = [f"{name}: {title}" for name, title in zip(names, titles, strict=True)]
     roll = rollout_map(maps, grid=grid, num_prefix_tokens=prefix, **rollout_kwargs)
     per_layer = torch.stack([query_map(w, grid=grid, num_prefix_tokens=prefix) for w in maps], 1)
     depth, heads = per_layer.shape[1:3]  # per_layer: (B, layers, heads, g, g)
     layer = layer % depth
-    figures: dict[str, object] = {"rollout": plot_overlays(images, roll, titles=titles)}
+    figures: dict[str, object] = {
+        "rollout": plot_overlays(images, roll, titles=rows if names is not None else titles)
+    }
     head_labels = [f"head {h}" for h in range(heads)]
     for i, title in enumerate(titles):
         figures[f"heads_layer{layer}_{i}"] = plot_map_grid(
