@@ -26,6 +26,7 @@ NUMERICAL=(
   tests/test_cli.py tests/test_datamodule.py tests/test_ddp.py tests/test_folder_source.py
   tests/test_inspect_command.py tests/test_loggers.py tests/test_plot_curve.py
   tests/test_recipe_scripts.py tests/test_whole_split.py tests/test_ema_windows.py
+  tests/test_eval_batch.py tests/test_visualize.py
 )
 declare -A SETTINGS=(
   [machine]=""
