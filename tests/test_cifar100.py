@@ -148,6 +148,9 @@ def test_the_mean_and_std_travel_with_the_weights(
     own = recorded_normalization(load_checkpoint(cifar100_fit["ckpt"]))
     single = export_safetensors(cifar100_fit["ckpt"], tmp_path / "m.safetensors")
     assert recorded_normalization(load_model(single)[1]) == own
+    # and the dataset: evaluated without --data-dir, the weights look for CIFAR-100, not CIFAR-10
+    dm = CIFAR10DataModule.from_checkpoint(load_model(single)[1])
+    assert (dm.hparams.source, dm.hparams.val_size) == ("cifar100", 6)
     folder = vit.save_pretrained(
         cifar100_fit["ckpt"], tmp_path / "folder", metadata={"test_top1": "0.0125"}
     )

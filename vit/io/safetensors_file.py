@@ -80,10 +80,11 @@ SPLIT_KEYS = ("source", "cifar100_labels", "val_size", "seed", "split_seed", "tr
 
 def data_split_metadata(data: dict[str, Any]) -> dict[str, str]:
     """A checkpoint's data settings (`datamodule_hyper_parameters`) of SPLIT_KEYS, as metadata:
-    {"data_split": JSON}, or nothing where it records none. A folder source is left out (its
-    path is this machine's; the search finds CIFAR-10 elsewhere)."""
+    {"data_split": JSON}, or nothing where it records none. The source only for CIFAR-100:
+    elsewhere the search (`auto`) finds CIFAR-10 in whichever copy the machine has, or the
+    folder a user names."""
     kept = {k: data[k] for k in SPLIT_KEYS if k in data}
-    if kept.get("source") not in ("cifar10", "cifar100"):
+    if kept.get("source") != "cifar100":
         kept.pop("source", None)
     return {"data_split": json.dumps(kept)} if kept else {}
 
