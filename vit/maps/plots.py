@@ -49,20 +49,18 @@ def plot_confusion_matrix(confusion: Tensor, *, classes: list[str], title: str =
     if annotated:
         ax.set_xticks(range(n), classes, rotation=45, ha="right")
         ax.set_yticks(range(n), classes)
-    else:  # a label's font fits its cell (72 points an inch): about 7 points at 100 classes
-        size = max(2.0, 72 * cell * 0.8)
-        ax.set_xticks(range(n), classes, rotation=90, fontsize=size)
-        ax.set_yticks(range(n), classes, fontsize=size)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    if annotated:
         for i in range(n):
             for j in range(n):
                 color = "white" if rates[i, j] > 0.5 else "black"
                 ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", fontsize=7,
                         color=color)  # fmt: skip
-    else:
+    else:  # a label's font fits its cell (72 points an inch): about 7 points at 100 classes
+        size = max(2.0, 72 * cell * 0.8)
+        ax.set_xticks(range(n), classes, rotation=90, fontsize=size)
+        ax.set_yticks(range(n), classes, fontsize=size)
         fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.02).set_label("share of the true class")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
     ax.set_title(title)
     fig.tight_layout()
     return fig
@@ -207,6 +205,7 @@ def render(
             pred.tolist(), (labels if labels is not None else pred).tolist(), strict=True
         )
     ]
+    rows = titles  # the rollout figure's, one line each unless named
     if names is not None:
         if len(names) != len(images):
             raise ValueError(f"{len(names)} names for {len(images)} images: give one per image.")
@@ -216,9 +215,7 @@ def render(
     per_layer = torch.stack([query_map(w, grid=grid, num_prefix_tokens=prefix) for w in maps], 1)
     depth, heads = per_layer.shape[1:3]  # per_layer: (B, layers, heads, g, g)
     layer = layer % depth
-    figures: dict[str, object] = {
-        "rollout": plot_overlays(images, roll, titles=rows if names is not None else titles)
-    }
+    figures: dict[str, object] = {"rollout": plot_overlays(images, roll, titles=rows)}
     head_labels = [f"head {h}" for h in range(heads)]
     for i, title in enumerate(titles):
         figures[f"heads_layer{layer}_{i}"] = plot_map_grid(
