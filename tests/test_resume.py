@@ -167,8 +167,9 @@ def assert_ends_as_the_unbroken_run(
 ) -> None:
     """The resumed run b (tmp_path/b) ends with the live and averaged weights, the optimizer state
     and the metrics logged from `stopped_at` on of the unbroken run a, bitwise, and its metrics.csv
-    holds a's history before the stop too. `by_sigterm`: less the signal's own step's training
-    metrics, which Lightning logs after the batch-end hook where the save stops the fit."""
+    holds a's history before the stop too, every row of it. `by_sigterm`: the signal's own step's
+    training metrics, which Lightning logs after the batch-end hook where the save stops the fit,
+    were logged by the save (the run logs every step)."""
     a = load_checkpoint(tmp_path / "a" / "recipe" / "version_0" / "checkpoints" / "last.ckpt")
     # the resumed run kept writing into its own folder
     b = load_checkpoint(tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt")
@@ -192,12 +193,12 @@ def assert_ends_as_the_unbroken_run(
     # and the history before the stop is still there: metrics.csv holds the unbroken run's rows
     before_stop = {k: v for k, v in logged_a.items() if int(k[0]) < stopped_at}
     assert any(metric == "val/acc" for _, metric in before_stop)  # epoch 0's, among others
-    unlogged = {k for k in logged_a if by_sigterm and k[0] == str(stopped_at - 1)}
-    assert not by_sigterm or {metric for _, metric in unlogged} == {"train/loss_step", "train/lr"}
-    assert logged_b == {k: v for k, v in logged_a.items() if k not in unlogged}
+    signal_step = {metric for step, metric in logged_b if step == str(stopped_at - 1)}
+    assert not by_sigterm or {"train/loss_step", "train/lr"} <= signal_step
+    assert logged_b == logged_a
     # TensorBoard: the same values, the killed run's events from the stop on purged
     scalars_a, scalars_b = tensorboard_scalars(run_a), tensorboard_scalars(run_b)
-    assert scalars_a and scalars_b == {k: v for k, v in scalars_a.items() if k not in unlogged}
+    assert scalars_a and scalars_b == scalars_a
 
 
 def test_a_finished_run_resumed_for_more_epochs_is_refused_not_trained_at_lr_zero(
@@ -256,7 +257,8 @@ def test_recipe_stopped_by_sigterm_saves_its_step_and_resumes_bitwise(
     """SIGTERM during step 14 (mid-epoch) of the recipe's configuration: the step finishes, is
     saved as last.ckpt (the periodic saves are 1,000 steps apart and the last epoch end was step
     10: only the SIGTERM save explains it), the process exits 143 saying how to resume, and
-    --ckpt_path last ends bitwise as a run never interrupted."""
+    --ckpt_path last ends bitwise as a run never interrupted. The run's first config.yaml stays,
+    the resumed run's beside it."""
     data = make_image_tree(tmp_path / "data", train_per_class=30)  # 84 train images: 10 steps/epoch
     train_main(["fit", "-c", str(recipe_config(tmp_path, data, tmp_path / "a", last_every=1000))])
     output = run_terminated(recipe_config(tmp_path, data, tmp_path / "b", last_every=1000, term=14))
@@ -267,6 +269,11 @@ def test_recipe_stopped_by_sigterm_saves_its_step_and_resumes_bitwise(
     resume = recipe_config(tmp_path, data, tmp_path / "b", last_every=1000)
     train_main(["fit", "-c", str(resume), "--ckpt_path=last"])
     assert_ends_as_the_unbroken_run(tmp_path, stopped_at=14, by_sigterm=True)
+    run = last.parent.parent
+    configs = sorted(path.name for path in run.glob("config*.yaml"))
+    assert configs == ["config-resumed-at-step-14.yaml", "config.yaml"]
+    first, resumed = (yaml.safe_load((run / name).read_text()) for name in configs[::-1])
+    assert first["ckpt_path"] is None and resumed["ckpt_path"] == str(last)
 
 
 def test_budget_run_stopped_by_sigterm_resumes_with_the_time_used(

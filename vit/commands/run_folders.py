@@ -14,6 +14,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lightning as L
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,24 @@ def keep_metrics_history(loggers: list[Any], resumed_step: int) -> None:
             out.writeheader()
             out.writerows(rows)
         writer.metrics_keys = keys  # the header it appends under (new keys rewrite it)
+
+
+class RunConfig(SaveConfigCallback):
+    """The run's resolved config in its folder: config.yaml, or, for a fit resumed at step
+    `resumed_step` in a folder that holds one already, config-resumed-at-step-N.yaml beside it:
+    the first records how the run began (a resume's config names the checkpoint, and may
+    change more), so it is kept."""
+
+    def __init__(self, *args: Any, resumed_step: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resumed_step = resumed_step
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self.already_saved and self.save_to_log_dir and self.resumed_step is not None:
+            log_dir = trainer.log_dir  # every rank asks: it is broadcast from rank 0
+            if log_dir and os.path.isfile(os.path.join(log_dir, self.config_filename)):
+                self.config_filename = f"config-resumed-at-step-{self.resumed_step}.yaml"
+        super().setup(trainer, pl_module, stage)
 
 
 def _row_step(row: dict[str, str]) -> float:

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from vit.commands.float32_overrides import compile_if_possible, dotted, trains_float32_on_cpu
 from vit.commands.run_folders import (
+    RunConfig,
     check_ckpt_path,
     check_writable,
     keep_metrics_history,
@@ -163,6 +164,8 @@ class ViTCLI(LightningCLI):
             rank_zero_info(drop_validation(config))
         if self.subcommand == "validate":
             refuse_validation(config)
+        if self.subcommand == "fit":  # the first config.yaml of a resumed run is kept
+            self.save_config_kwargs["resumed_step"] = getattr(self, "_resumed_step", None)
         share_logger_version(config.trainer.logger)
         self._new_runs = new_run_folders(config.trainer.logger)
         self._probed_folders = check_writable(config.trainer.logger)
@@ -254,6 +257,7 @@ def train_main(args: list[str] | None = None) -> None:
         ViTClassifier,
         CIFAR10DataModule,
         args=args,
+        save_config_callback=RunConfig,
         save_config_kwargs={"overwrite": True},
     )
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -44,8 +44,8 @@ class LastCheckpoint(ModelCheckpoint):
 
 class SaveOnSigterm(L.Callback):
     """On SIGTERM (a preempted machine, a scheduler's time limit), finish the step under way, save
-    last.ckpt at it and stop with exit status 143 (128 + SIGTERM, as a shell reports a process
-    the signal ended; Lightning alone would save nothing and exit 0). `--ckpt_path last` resumes
+    last.ckpt at it, log the step's metrics and stop with exit status 143 (128 + SIGTERM, as a
+    shell reports a process the signal ended; Lightning alone would save nothing and exit 0). `--ckpt_path last` resumes
     from there exactly. vit-train adds it to every fit (vit/commands/train.py); in a Trainer of
     your own, list it after the callbacks whose state a checkpoint holds (EMA, TimeBudget).
 
@@ -75,8 +75,20 @@ class SaveOnSigterm(L.Callback):
         if not trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False):
             return
         self._save_last(trainer)
+        self._log_step(trainer)
         # raised on every rank at once: Lightning would raise only where the signal arrived
         raise SIGTERMException(SIGTERM_EXIT_STATUS)
+
+    @staticmethod
+    def _log_step(trainer: L.Trainer) -> None:
+        """Hand this step's metrics (train/loss_step, train/lr) to the loggers and write them out,
+        as Lightning would after this hook: the stop skips that, and a resumed run starts at the
+        next step, so they would be missing from the run's logs."""
+        connector = trainer._logger_connector
+        connector.on_batch_end()
+        connector.update_train_step_metrics()
+        for logger in trainer.loggers:
+            logger.save()
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
