@@ -4,6 +4,7 @@
     python scripts/benchmark.py --quick              # fewer repeats, batch 128 only
     python scripts/benchmark.py --device cuda --name gpu   # the same table on a GPU
     python scripts/benchmark.py --quick --compile    # every model also under torch.compile
+    python scripts/benchmark.py --profile ours-fused vit-pytorch --name profile-x   # where it goes
 
 Every model is built at the same configuration (width, depth, heads, MLP width, patch, image size,
 classes); with --compile every model is timed a second time under torch.compile (static shapes, the
@@ -397,6 +398,61 @@ def run(args: argparse.Namespace) -> dict:
     return results
 
 
+# what each aten op of a training step is, for --profile's split of its time
+OP_KINDS = {
+    "products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
+                 "aten::convolution_backward"),
+    "attention kernel": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                         "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
+    "GELU": ("aten::gelu", "aten::gelu_backward"),
+    "softmax": ("aten::_softmax", "aten::_softmax_backward_data"),
+    "LayerNorm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),
+    "copies and concatenation": ("aten::copy_", "aten::cat", "aten::stack"),
+}  # fmt: skip
+
+
+def profile_models(args: argparse.Namespace) -> str:
+    """torch.profiler on each of `args.profile`'s models' training steps (the first config and
+    batch, the first precision; 5 steps after 3), one after the other in this process: each
+    op's own time per step, summed by kind (OP_KINDS; "other": the rest: the optimizer,
+    elementwise ops, the autograd engine), then each model's top ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg, batch, precision = args.configs[0][0], args.configs[0][1][0], args.precisions[0]
+    models = build_all(cfg, compiled=args.compile)
+    unknown = [n for n in args.profile if n not in models]
+    if unknown:
+        raise SystemExit(f"--profile: {unknown} not among the models built here: {list(models)}")
+    kinds = [*OP_KINDS, "other"]
+    head = f"| model | step ms (profiled) | {' | '.join(kinds)} |"
+    lines, tables = [head, "|" + "---|" * (len(kinds) + 2)], []
+    for name in args.profile:
+        train, _ = make_steps(models[name], batch=batch, precision=precision, device=args.device)
+        for _ in range(3):
+            train()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            for _ in range(5):
+                train()
+            step_ms = (time.perf_counter() - start) / 5 * 1e3
+        own = {e.key: e.self_cpu_time_total / 5e3 for e in prof.key_averages()}  # ms a step
+        split = {k: sum(own.get(op, 0.0) for op in ops) for k, ops in OP_KINDS.items()}
+        split["other"] = sum(own.values()) - sum(split.values())
+        total = sum(own.values())
+        cells = " | ".join(f"{split[k]:.2f} ({split[k] / total:.0%})" for k in kinds)
+        lines.append(f"| {name} | {step_ms:.0f} | {cells} |")
+        tables += ["", f"{name}: each op's own time over 5 steps", "",
+                   prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25,
+                                             max_name_column_width=70)]  # fmt: skip
+    machine = f"{cpu_name()} ({' '.join(vector_flags())}), torch {torch.__version__}"
+    return "\n".join([
+        f"`python scripts/benchmark.py {' '.join(args.argv)}`", "",
+        f"{time.strftime('%Y-%m-%d')}, {machine}, {torch.get_num_threads()} threads; width "
+        f"{cfg['width']}, batch {batch}, {precision}. Per step, ms (share of the ops' own time):",
+        "", *lines, *tables,
+    ])  # fmt: skip
+
+
 def grouped_rows(rows: list[dict]) -> list[tuple[tuple[int, int, str], list[dict]]]:
     """The timing rows per (width, batch, step kind), in sorted order."""
     keys = sorted({(r["width"], r["batch"], r["kind"]) for r in rows})
@@ -568,6 +624,14 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="steps per timing (default 1 on a CPU, 10 on a GPU, where one step is too short)",
     )
+    p.add_argument(
+        "--profile",
+        nargs="+",
+        metavar="MODEL",
+        default=None,
+        help=f"instead: where these models' training steps spend their time ({', '.join(MODELS)}"
+        ", -compiled with --compile), written to <name>.txt",
+    )
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     try:  # vit-evaluate's check: a clear error for no GPU, a bad name or index
@@ -587,6 +651,12 @@ def main(argv: list[str] | None = None) -> None:
     args.rounds = args.rounds or (5 if args.quick else 7)
     args.warmup = 5 if on_gpu else 2  # a GPU's first steps also pick kernels
     args.precisions = tuple(PRECISIONS) if on_gpu else precisions(args.bf16)
+    if args.profile:
+        text = profile_models(args)
+        print(text)
+        (OUT / f"{args.name}.txt").write_text(text + "\n")
+        print(f"wrote {OUT / args.name}.txt")
+        return
     if args.ceiling_only:
         results = json.loads((OUT / f"{args.name}.json").read_text())
         results["matmul_ceiling"] = ceiling_table(args.configs, args.precisions, args.device)

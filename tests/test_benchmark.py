@@ -174,3 +174,35 @@ def test_a_record_name_with_a_dot_is_written_whole(tmp_path: Path) -> None:
     ]
     assert json.loads((out / "recipe-step-mlp1.5.json").read_text()) == {"steps": 3}
     assert (out / "recipe-step-mlp1.5.md").read_text() == "| table |\n"
+
+
+def test_profile_splits_each_models_step_by_the_kind_of_op() -> None:
+    """--profile: one row per model, its ops' own time split by kind, the shares summing to the
+    whole; the explicit kernel's softmax and the fused kernel's attention op land in their own
+    columns, so a model's row says which attention it ran."""
+    import argparse
+    import re
+
+    args = argparse.Namespace(
+        configs=[(CFG, [4])], precisions=("32-true",), compile=False, device="cpu",
+        profile=["ours", "ours-fused"], argv=["--profile", "ours", "ours-fused"],
+    )  # fmt: skip
+    text = bench.profile_models(args)
+    assert text.startswith("`python scripts/benchmark.py --profile ours ours-fused`")
+    kinds = [*bench.OP_KINDS, "other"]
+    assert f"| model | step ms (profiled) | {' | '.join(kinds)} |" in text
+    rows = {}
+    for name in ("ours", "ours-fused"):
+        (row,) = [line for line in text.splitlines() if line.startswith(f"| {name} | ")]
+        cells = re.findall(r"([\d.]+) \((\d+)%\)", row)
+        assert len(cells) == len(kinds), row
+        rows[name] = {
+            k: (float(ms), int(share)) for k, (ms, share) in zip(kinds, cells, strict=True)
+        }
+        assert abs(sum(share for _, share in rows[name].values()) - 100) <= len(kinds) // 2
+        assert rows[name]["products"][0] > 0 and rows[name]["LayerNorm"][0] > 0
+    assert rows["ours"]["attention kernel"][0] == 0 < rows["ours"]["softmax"][0]
+    assert rows["ours-fused"]["softmax"][0] == 0 < rows["ours-fused"]["attention kernel"][0]
+    args.profile = ["no-such-model"]
+    with pytest.raises(SystemExit, match="no-such-model"):
+        bench.profile_models(args)

@@ -81,14 +81,10 @@ class SaveOnSigterm(L.Callback):
 
     @staticmethod
     def _log_step(trainer: L.Trainer) -> None:
-        """Hand this step's metrics (train/loss_step, train/lr) to the loggers and write them out,
-        as Lightning would after this hook: the stop skips that, and a resumed run starts at the
-        next step, so they would be missing from the run's logs."""
-        connector = trainer._logger_connector
-        connector.on_batch_end()
-        connector.update_train_step_metrics()
-        for logger in trainer.loggers:
-            logger.save()
+        """Hand this step's metrics (train/loss_step, train/lr) to the loggers, as Lightning would
+        after this hook: the stop skips that, and a resumed run starts at the next step, so they
+        would be missing from the run's logs (Lightning writes the loggers out as it stops)."""
+        trainer._logger_connector.update_train_step_metrics()
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
