@@ -486,6 +486,40 @@ def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) 
 
 
 @pytest.mark.parametrize(
+    ("where", "typo", "said"),
+    [
+        ("line", "--data.batchsize=64", "unrecognized arguments: --data.batchsize=64; did you "
+         "mean --data.batch_size?"),
+        ("line", "--model.network.depht=3", "did you mean --model.network.depth?"),
+        ("line", "--model.netwrk.depth=3", "did you mean --model.network.depth?"),  # its group
+        ("line", "--trainer.max_epoks=3", "did you mean --trainer.max_epochs?"),
+        ("line", "--data.nothing_like_it=1", "unrecognized arguments: --data.nothing_like_it=1\n"),
+        ("yaml", "batchsize", "does not accept option 'data.batchsize'; did you mean "
+         "data.batch_size?"),
+        ("yaml", "nothing_like_it", "does not accept option 'data.nothing_like_it'\n"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_option_is_refused_naming_the_closest_ones(
+    tmp_path, capsys, where, typo, said
+) -> None:
+    """An option vit-train does not know, on the command line or in the YAML, is refused before
+    any folder is made, with the nearest options it knows where one is close."""
+    config = yaml.safe_load((REPO / "experiments" / "quick.yaml").read_text())
+    config["trainer"]["logger"][0]["init_args"]["save_dir"] = str(tmp_path / "runs")
+    args = [typo]
+    if where == "yaml":
+        config["data"][typo] = 64
+        args = []
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["fit", "-c", str(path), *args])
+    assert exit_info.value.code == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
     ("setting", "message"),
     [
         ("--model.network.depth=-3", "error: depth=-3 must be a positive integer."),

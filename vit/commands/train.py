@@ -3,8 +3,10 @@ shared by the loggers, `--ckpt_path last`, and `--test_after_fit`."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import logging
+import re
 import sys
 import types
 from pathlib import Path
@@ -47,6 +49,35 @@ log = logging.getLogger(__name__)
 
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+class SuggestingParser(LightningArgumentParser):
+    """A parser whose error for an unknown option (a typo in the YAML or on the command line)
+    names the closest options it knows."""
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        parser = getattr(ex, "subcommand_parser", None) or self
+        return super().error(message + closest_options(message, parser), ex)
+
+
+# the two ways jsonargparse names an option it does not know: from a config, from the command line
+UNKNOWN_OPTION = re.compile(r"does not accept option '([\w.]+)'|unrecognized arguments: --([\w.]+)")
+
+
+def closest_options(message: str, parser: Any) -> str:
+    """ "; did you mean X?" for the option an error names, from the options `parser` knows, or
+    nothing where none is close."""
+    found = UNKNOWN_OPTION.search(message)
+    if found is None:
+        return ""
+    key, dashes = (found[1], "") if found[1] else (found[2], "--")
+    known = [a.dest for a in getattr(parser, "_actions", []) if "." in a.dest]
+    group, _, name = key.rpartition(".")
+    siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == group}
+    # a misspelt name beside its siblings first; else a misspelt group (model.netwrk.depth)
+    near = [siblings[n] for n in difflib.get_close_matches(name, siblings, n=2, cutoff=0.8)]
+    near = near or difflib.get_close_matches(key, known, n=1, cutoff=0.85)
+    return f"; did you mean {' or '.join(dashes + k for k in near)}?" if near else ""
 
 
 class ViTCLI(LightningCLI):
@@ -257,6 +288,7 @@ def train_main(args: list[str] | None = None) -> None:
         ViTClassifier,
         CIFAR10DataModule,
         args=args,
+        parser_class=SuggestingParser,
         save_config_callback=RunConfig,
         save_config_kwargs={"overwrite": True},
     )
