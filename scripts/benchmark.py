@@ -400,8 +400,8 @@ def run(args: argparse.Namespace) -> dict:
 
 # what each aten op of a training step is, for --profile's split of its time
 OP_KINDS = {
-    "products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
-                 "aten::convolution_backward"),
+    "products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+                 "aten::mkldnn_convolution", "aten::convolution_backward"),
     "attention kernel": ("aten::_scaled_dot_product_flash_attention_for_cpu",
                          "aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
     "GELU": ("aten::gelu", "aten::gelu_backward"),

@@ -65,8 +65,8 @@ UNKNOWN_OPTION = re.compile(r"does not accept option '([\w.]+)'|unrecognized arg
 
 
 def closest_options(message: str, parser: Any) -> str:
-    """ "; did you mean X?" for the option an error names, from the options `parser` knows, or
-    nothing where none is close."""
+    """The "; did you mean X?" to add to an error that names an option `parser` does not know,
+    from the options it knows; nothing where none is close."""
     found = UNKNOWN_OPTION.search(message)
     if found is None:
         return ""

@@ -45,9 +45,10 @@ class LastCheckpoint(ModelCheckpoint):
 class SaveOnSigterm(L.Callback):
     """On SIGTERM (a preempted machine, a scheduler's time limit), finish the step under way, save
     last.ckpt at it, log the step's metrics and stop with exit status 143 (128 + SIGTERM, as a
-    shell reports a process the signal ended; Lightning alone would save nothing and exit 0). `--ckpt_path last` resumes
-    from there exactly. vit-train adds it to every fit (vit/commands/train.py); in a Trainer of
-    your own, list it after the callbacks whose state a checkpoint holds (EMA, TimeBudget).
+    shell reports a process the signal ended; Lightning alone would save nothing and exit 0).
+    `--ckpt_path last` resumes from there exactly. vit-train adds it to every fit
+    (vit/commands/train.py); in a Trainer of your own, list it after the callbacks whose state a
+    checkpoint holds (EMA, TimeBudget).
 
     last.ckpt is that of every ModelCheckpoint with `save_last: true` (LastCheckpoint among
     them); with none, last.ckpt in the first ModelCheckpoint's folder (the run's checkpoints/);
