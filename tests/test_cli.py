@@ -476,6 +476,18 @@ def test_a_data_setting_found_wrong_at_setup_leaves_no_run_folder(image_tree, tm
     assert not (runs / "tiny").exists()  # neither version_0 nor the folder made to probe it
 
 
+def test_a_fast_dev_run_leaves_no_run_folder_and_no_checkpoint(
+    image_tree, tmp_path, monkeypatch
+) -> None:
+    """Lightning swaps the loggers out for fast_dev_run, so the folder probed for them stays
+    empty; its ModelCheckpoint would still save last.ckpt at train end, into ./checkpoints."""
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    train_main(train_args(image_tree, runs, "--trainer.fast_dev_run=true"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "tiny"]  # tiny: the images
+    assert sorted(p.name for p in runs.iterdir()) == ["cache"]
+
+
 def test_console_commands_print_user_errors_without_traceback(tmp_path, capsys) -> None:
     from vit.commands.evaluate import evaluate_main
 

@@ -370,6 +370,29 @@ def test_sigterm_without_a_last_checkpoint_writer_saves_last_ckpt_in_the_checkpo
     assert f"saved {tmp_path / 'c' / 'last.ckpt'} at step 6" in caplog.text
 
 
+def test_sigterm_in_a_fast_dev_run_saves_nothing(tmp_path, caplog, monkeypatch) -> None:
+    """fast_dev_run checks the code and saves no checkpoint (Lightning's rule); SIGTERM in it
+    stops it with 143 and saves nothing either, into ./checkpoints or elsewhere."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from tests.helpers import TermAtStep
+    from vit.train.callbacks.checkpointing import SaveOnSigterm
+
+    monkeypatch.chdir(tmp_path)
+    trainer = quiet_trainer(
+        tmp_path,
+        fast_dev_run=True,
+        enable_checkpointing=True,
+        callbacks=[TermAtStep(step=1), SaveOnSigterm(), ModelCheckpoint(dirpath=tmp_path / "c")],
+    )
+    with pytest.raises(SIGTERMException) as stop:
+        trainer.fit(tiny_classifier(), random_loader())
+    assert stop.value.code == 143
+    assert list(tmp_path.iterdir()) == []
+    assert "Stopped by SIGTERM at step 1; checkpointing is off: nothing saved" in caplog.text
+
+
 def test_disk_full_during_a_save_leaves_the_previous_last_checkpoint(image_tree, tmp_path) -> None:
     """A save that dies half-way (ENOSPC) raises, and last.ckpt still holds the previous save."""
     import errno

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -204,10 +205,15 @@ class ViTCLI(LightningCLI):
         malloc.report(info=rank_zero_info)
 
     def before_fit(self) -> None:
-        """A resumed run's metrics.csv goes on from its checkpoint's step, its history kept."""
+        """A resumed run's metrics.csv goes on from its checkpoint's step, its history kept; a
+        fast_dev_run saves no checkpoint."""
         step = getattr(self, "_resumed_step", None)
         if step is not None:
             keep_metrics_history(self.trainer.loggers, step)
+        if self.trainer.fast_dev_run:  # Lightning's ModelCheckpoint still saves last.ckpt at
+            for c in self.trainer.checkpoint_callbacks:  # train end: into ./checkpoints
+                if isinstance(c, ModelCheckpoint):
+                    c.save_last = False
 
     def instantiate_classes(self) -> None:
         try:
@@ -223,6 +229,8 @@ class ViTCLI(LightningCLI):
             if self.trainer.global_step == 0:  # failed before training: no run worth keeping
                 self._remove_unstarted_run()
             raise
+        # a run whose loggers wrote nothing (fast_dev_run swaps them out) leaves no empty folder
+        remove_if_empty(getattr(self, "_probed_folders", []))
 
     def _remove_unstarted_run(self) -> None:
         """The folders this run made and never trained in: its version_N (none with a checkpoint),

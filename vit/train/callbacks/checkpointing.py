@@ -107,6 +107,8 @@ class SaveOnSigterm(L.Callback):
         ]
 
     def _save_last(self, trainer: L.Trainer) -> None:
+        if trainer.fast_dev_run:  # a check of the code, not a run: Lightning saves nothing
+            return
         checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
         writers = self._last_writers(trainer)
         for c in writers:  # each writes its own last.ckpt, as its periodic saves do
@@ -130,7 +132,7 @@ class SaveOnSigterm(L.Callback):
         saved = self._saved or next(iter(saves), None)
         if saved is not None and saved[0] == step:
             return f"Stopped by SIGTERM: saved {saved[1]} at step {step}. {resume}. {status}"
-        if not trainer.checkpoint_callbacks:
+        if not trainer.checkpoint_callbacks or trainer.fast_dev_run:
             return (
                 f"Stopped by SIGTERM at step {step}; checkpointing is off: nothing saved. {status}"
             )
