@@ -114,8 +114,16 @@ def test_bad_folders_and_arguments_are_named(tmp_path) -> None:
         save_pretrained(tiny(), tmp_path / "y", metadata={"test_top1": 0.9, "config": "{}"})
 
     (tmp_path / "empty").mkdir()
-    with pytest.raises(IsADirectoryError, match="not one save_pretrained wrote"):
+    with pytest.raises(IsADirectoryError, match="not one save_pretrained wrote") as refused:
         from_pretrained(tmp_path / "empty")
+    assert "Pass a checkpoint file (e.g. runs/NAME/version_0/" in str(refused.value)
+    run = tmp_path / "runs" / "tiny" / "version_0"  # a run folder given for its weights
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    for given in (run, run / "checkpoints"):
+        with pytest.raises(IsADirectoryError, match="run's checkpoints: pass ") as refused:
+            from_pretrained(given)
+        assert repr(str(run / "checkpoints" / "last.ckpt")) in str(refused.value)
     (folder / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no model.safetensors"):
         from_pretrained(folder)

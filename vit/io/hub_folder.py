@@ -68,6 +68,18 @@ def is_hub_folder(path: Path) -> bool:
     return path.is_dir() and (path / CONFIG_FILE).is_file()
 
 
+def _checkpoint_hint(folder: Path) -> str:
+    """How to name the weights instead: a vit-train run folder (or its checkpoints/) given for a
+    file is answered with its own last.ckpt."""
+    for last in (folder / "checkpoints" / "last.ckpt", folder / "last.ckpt"):
+        if last.is_file():
+            return f"It holds a run's checkpoints: pass {str(last)!r} (or another .ckpt beside it)."
+    return (
+        "Pass a checkpoint file (e.g. runs/NAME/version_0/checkpoints/last.ckpt) or a "
+        "save_pretrained folder."
+    )
+
+
 def read_hub_config(folder: Path) -> dict[str, str]:
     """config.json of a save_pretrained folder, as safetensors metadata (str -> str), checked."""
     path = folder / CONFIG_FILE
@@ -75,8 +87,7 @@ def read_hub_config(folder: Path) -> dict[str, str]:
         found = sorted(p.name for p in folder.iterdir())[:8] if folder.is_dir() else []
         raise IsADirectoryError(
             f"{str(folder)!r} is a folder but not one save_pretrained wrote: expected "
-            f"{CONFIG_FILE} and {WEIGHTS_FILE} in it (found {found}). Pass a checkpoint file "
-            f"(e.g. runs/NAME/version_0/checkpoints/last.ckpt) or a save_pretrained folder."
+            f"{CONFIG_FILE} and {WEIGHTS_FILE} in it (found {found}). {_checkpoint_hint(folder)}"
         )
     try:
         config = json.loads(path.read_text())
