@@ -436,9 +436,9 @@ def profile_models(args: argparse.Namespace) -> str:
                 train()
             step_ms = (time.perf_counter() - start) / 5 * 1e3
         own = {e.key: e.self_cpu_time_total / 5e3 for e in prof.key_averages()}  # ms a step
-        split = {k: sum(own.get(op, 0.0) for op in ops) for k, ops in OP_KINDS.items()}
-        split["other"] = sum(own.values()) - sum(split.values())
         total = sum(own.values())
+        split = {k: sum(own.get(op, 0.0) for op in ops) for k, ops in OP_KINDS.items()}
+        split["other"] = total - sum(split.values())
         cells = " | ".join(f"{split[k]:.2f} ({split[k] / total:.0%})" for k in kinds)
         lines.append(f"| {name} | {step_ms:.0f} | {cells} |")
         tables += ["", f"{name}: each op's own time over 5 steps", "",
