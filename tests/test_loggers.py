@@ -358,3 +358,24 @@ def test_the_readme_s_command_appends_the_tracker_to_the_recipe_s_loggers(
     assert type(wandb).__name__ == "WandbLogger"
     assert csv_logger.log_dir == tensorboard.log_dir == str(Path("runs/cpu60/version_0"))
     assert wandb.name == "vit" and wandb.version is None  # the project; W&B picks the run id
+
+
+# ---- TensorBoard's HParams tab ---------------------------------------------------------------
+
+
+def test_tensorboard_s_hp_metric_is_each_validation_s_accuracy(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    """The HParams tab compares runs by hp_metric's latest value: Lightning logs only a -1
+    placeholder at step 0; vit-train logs val/acc there after each validation."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = tmp_path / "runs"
+    train_main(train_args(image_tree, runs, "--trainer.log_every_n_steps=1"))  # two epochs
+    events = EventAccumulator(str(runs / "tiny" / "version_0"))
+    events.Reload()
+    accuracy = {e.step: e.value for e in events.Scalars("val/acc")}
+    hp_metric = events.Scalars("hp_metric")
+    assert len(accuracy) == 2 and 0 not in accuracy  # one validation an epoch
+    assert {e.step: e.value for e in hp_metric} == {0: -1.0, **accuracy}
+    assert hp_metric[-1].value == accuracy[max(accuracy)]  # the value the tab shows

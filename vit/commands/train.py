@@ -43,6 +43,7 @@ from vit.io.migrate import LEGACY_CLASS_PATHS
 from vit.system import malloc, mkl_amd
 from vit.system.hardware import cpu_precision
 from vit.train.callbacks.checkpointing import FiniteLoss, SaveOnSigterm
+from vit.train.callbacks.hp_metric import HpMetric
 from vit.train.datamodule import CIFAR10DataModule
 from vit.train.module import ViTClassifier
 
@@ -101,6 +102,8 @@ class ViTCLI(LightningCLI):
         # always on too: SIGTERM saves last.ckpt at the current step (after the YAML's callbacks,
         # so it saves what they have done at that step, EMA's average included)
         parser.add_lightning_class_args(SaveOnSigterm, "save_on_sigterm")
+        # TensorBoard's HParams tab compares runs by hp_metric: the validation accuracy there
+        parser.add_lightning_class_args(HpMetric, "hp_metric")
         parser.add_argument(
             "--test_after_fit",
             type=bool,
