@@ -368,10 +368,13 @@ class KillAtStep(L.Callback):
 class TermAtStep(L.Callback):
     """SIGTERM this process during optimizer step `step` (after its forward, before its backward),
     as a preempted machine or a scheduler's time limit would. `again_in_save`: once more from
-    inside the next checkpoint write, half-way through its bytes."""
+    inside the next checkpoint write, half-way through its bytes. `signum`: another signal
+    (SIGINT: Ctrl-C)."""
 
-    def __init__(self, step: int, again_in_save: bool = False) -> None:
-        self.step, self.again_in_save = step, again_in_save
+    def __init__(
+        self, step: int, again_in_save: bool = False, signum: int = signal.SIGTERM
+    ) -> None:
+        self.step, self.again_in_save, self.signum = step, again_in_save, signum
 
     def on_before_backward(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step + 1 != self.step:
@@ -385,11 +388,11 @@ class TermAtStep(L.Callback):
                 LocalFileOpener.write = real_write  # once
                 half = len(data) // 2
                 written = real_write(opener, data[:half])
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), self.signum)
                 return written + real_write(opener, data[half:])
 
             LocalFileOpener.write = write_and_signal
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), self.signum)
 
 
 def write_safetensors(

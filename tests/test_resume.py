@@ -1,12 +1,14 @@
 """A run SIGKILLed mid-epoch resumes with --ckpt_path last and ends exactly like an uninterrupted
-one, its metrics history whole; a finished run resumed for more epochs is refused (its schedule has
-ended); SIGTERM saves last.ckpt at the step under way and exits 143; a failed save leaves the previous
-last.ckpt; last.ckpt is written by step and epoch."""
+one, its metrics history whole; a finished run resumed for more epochs is refused (its schedule
+has ended); SIGTERM saves last.ckpt at the step under way and exits 143, a first Ctrl-C too
+(130), a second stops at once; a failed save leaves the previous last.ckpt; last.ckpt is written
+by step and epoch."""
 
 from __future__ import annotations
 
 import csv
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,12 +37,14 @@ def recipe_config(
     kill: int | None = None,
     term: int | None = None,
     term_again: bool = False,
+    signum: int = signal.SIGTERM,
     last_every: int = 1,
 ) -> Path:
     """cpu60.yaml as users run it (Muon with the patch projection, EMA, SPT, LSA, the resolution
     and patch-drop schedules, LastCheckpoint every `last_every` steps) at a tiny size, on a step
     budget unless `budget` (minutes) keeps its TimeBudget; `kill`: SIGKILL the process at that
-    step; `term`: SIGTERM it during that step (`term_again`: and again inside the save)."""
+    step; `term`: SIGTERM it during that step (`term_again`: and again inside the save;
+    `signum`: another signal, SIGINT for Ctrl-C)."""
     config = yaml.safe_load(CPU60.read_text())
     trainer, callbacks = config["trainer"], []
     for callback in trainer["callbacks"]:
@@ -58,7 +62,7 @@ def recipe_config(
     if kill is not None:
         callbacks.append({"class_path": "tests.helpers.KillAtStep", "init_args": {"step": kill}})
     if term is not None:
-        term_args = {"step": term, "again_in_save": term_again}
+        term_args = {"step": term, "again_in_save": term_again, "signum": int(signum)}
         callbacks.append({"class_path": "tests.helpers.TermAtStep", "init_args": term_args})
     trainer.update(
         callbacks=callbacks,
@@ -87,7 +91,12 @@ def recipe_config(
 
 def run_child(config: Path) -> subprocess.CompletedProcess:
     """vit-train fit -c config in a child process (which a callback of tests.helpers may stop)."""
-    code = f"from vit.commands.train import train_main; train_main(['fit', '-c', {str(config)!r}])"
+    # Python's own Ctrl-C handler, as in a terminal: a child of a shell's background job starts
+    # with SIGINT ignored, and Python keeps it so
+    code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"from vit.commands.train import train_main; train_main(['fit', '-c', {str(config)!r}])"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # tests.helpers.KillAtStep, TermAtStep
     return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
@@ -100,11 +109,12 @@ def run_killed(config: Path) -> None:
     assert proc.returncode == -9, proc.stderr[-3000:]  # killed, not finished
 
 
-def run_terminated(config: Path) -> str:
+def run_terminated(config: Path, status: int = 143) -> str:
     """vit-train fit -c config in a child process, which SIGTERMs itself (TermAtStep): it exits
-    with 143 (128 + SIGTERM, as a shell reports it). Its output (stdout and stderr)."""
+    with 143 (128 + SIGTERM, as a shell reports it; 130 for SIGINT). Its output (stdout and
+    stderr)."""
     proc = run_child(config)
-    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert proc.returncode == status, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
 
@@ -316,6 +326,131 @@ def test_a_second_sigterm_during_the_save_leaves_a_whole_last_checkpoint(
     folder = tmp_path / "b" / "recipe" / "version_0" / "checkpoints"
     assert load_checkpoint(folder / "last.ckpt")["global_step"] == 4
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"]
+
+
+def test_a_first_ctrl_c_saves_its_step_and_exits_130(make_image_tree, tmp_path) -> None:
+    """Ctrl-C (SIGINT) during step 14 of vit-train's fit: as SIGTERM, the step finishes and is
+    saved as last.ckpt, and the process says so and how to resume, with exit status 130."""
+    data = make_image_tree(tmp_path / "data", train_per_class=30)  # 10 steps an epoch
+    config = recipe_config(tmp_path, data, tmp_path / "b", last_every=1000, term=14, signum=2)
+    output = run_terminated(config, status=130)
+    last = tmp_path / "b" / "recipe" / "version_0" / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(last)["global_step"] == 14
+    assert "Ctrl-C again stops at once, without saving" in output
+    assert f"Stopped by Ctrl-C: saved {last} at step 14" in output
+    assert "--ckpt_path last" in output and "Exit status 130" in output
+
+
+@pytest.fixture
+def python_ctrl_c():
+    """SIGINT with Python's own handler during the test (as in a terminal; a shell's background
+    job starts with it ignored), and as it was after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_saves_in_a_trainer_of_one_s_own_and_gives_the_handler_back(
+    tmp_path, caplog, python_ctrl_c
+) -> None:
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from tests.helpers import TermAtStep
+    from vit.train.callbacks.checkpointing import SaveOnSigterm
+
+    during: list[object] = []
+
+    class Watch(L.Callback):
+        def on_train_start(self, *args) -> None:
+            during.append(signal.getsignal(signal.SIGINT))
+
+    save = SaveOnSigterm()
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=3,
+        enable_checkpointing=True,
+        callbacks=[
+            TermAtStep(step=6, signum=signal.SIGINT),
+            save,
+            ModelCheckpoint(dirpath=tmp_path / "c"),
+            Watch(),  # after the callback: its on_train_start has run
+        ],
+    )
+    with pytest.raises(SIGTERMException) as stop:
+        trainer.fit(tiny_classifier(), random_loader())
+    assert stop.value.code == 130
+    assert load_checkpoint(tmp_path / "c" / "last.ckpt")["global_step"] == 6
+    assert f"Stopped by Ctrl-C: saved {tmp_path / 'c' / 'last.ckpt'} at step 6" in caplog.text
+    assert during == [save._on_ctrl_c]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+    # a fit that ends gives it back too (4 steps); a handler of the user's own is left in place
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[save, Watch()]).fit(
+        tiny_classifier(), random_loader()
+    )
+    assert during[-1] == save._on_ctrl_c
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def own(signum, frame) -> None:
+        pass
+
+    signal.signal(signal.SIGINT, own)
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[save, Watch()]).fit(
+        tiny_classifier(), random_loader()
+    )
+    assert during[-1] is own and signal.getsignal(signal.SIGINT) is own
+
+
+def test_a_fit_outside_the_main_thread_leaves_ctrl_c_alone(tmp_path, python_ctrl_c) -> None:
+    """Only the main thread may set a signal handler: a fit in another thread (a notebook's
+    worker, a server's) trains as before, Ctrl-C left as it was."""
+    import threading
+
+    from vit.train.callbacks.checkpointing import SaveOnSigterm
+
+    failed: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[SaveOnSigterm()])
+            trainer.fit(tiny_classifier(), random_loader())
+            assert trainer.global_step == 4
+        except BaseException as err:
+            failed.append(err)
+
+    thread = threading.Thread(target=fit)
+    thread.start()
+    thread.join()
+    assert not failed, failed
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, python_ctrl_c) -> None:
+    """Ctrl-C twice in step 6: the second interrupts the step (KeyboardInterrupt; Lightning
+    shuts down and exits 1), nothing is saved at step 6: last.ckpt is the epoch end's, step 4."""
+    import lightning as L
+
+    from vit.train.callbacks.checkpointing import LastCheckpoint, SaveOnSigterm
+
+    class CtrlCTwice(L.Callback):
+        def on_before_backward(self, trainer, *args) -> None:
+            if trainer.global_step == 5:
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+
+    last = LastCheckpoint(every_n_train_steps=1000, dirpath=str(tmp_path / "ckpt"))
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=3,
+        enable_checkpointing=True,
+        callbacks=[CtrlCTwice(), SaveOnSigterm(), last],
+    )
+    with pytest.raises(SystemExit) as stop:  # 4 steps an epoch
+        trainer.fit(tiny_classifier(), random_loader())
+    assert stop.value.code == 1
+    assert load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 4
 
 
 def test_sigterm_during_validation_exits_143_and_keeps_the_last_save(tmp_path, caplog) -> None:

@@ -1,11 +1,15 @@
 """Checkpointing and its guards: last.ckpt by step and by epoch, last.ckpt at the current step on
-SIGTERM, and a stop on a non-finite loss before any checkpoint can hold diverged weights."""
+SIGTERM or Ctrl-C, and a stop on a non-finite loss before any checkpoint can hold diverged
+weights."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import sys
+import threading
+from types import FrameType
 from typing import Any
 
 import lightning as L
@@ -18,6 +22,7 @@ log = logging.getLogger(__name__)
 
 # what a shell reports for a process that SIGTERM ended: schedulers read it as "terminated"
 SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
+SIGINT_EXIT_STATUS = 128 + signal.SIGINT  # and for one Ctrl-C ended
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -60,25 +65,50 @@ class SaveOnSigterm(L.Callback):
     Under DDP every rank stops at the same step, whichever got the signal (one all-reduce of a
     flag per step); rank 0 writes the file. (Lightning's handler broadcasts once per signal: a
     rank signalled twice, by the scheduler and by Lightning's launcher, hangs the fit.)
+
+    The first Ctrl-C (SIGINT) during the fit does the same, with exit status 130; a second stops
+    at once without saving, as Lightning does on any Ctrl-C. (Where SIGINT already has a handler
+    other than Python's, or the fit runs outside the main thread, Ctrl-C is left as it was.)
     """
 
     def __init__(self) -> None:
         self._saved: tuple[int, str] | None = None  # (step, path) of this callback's save
+        self._ctrl_c = False  # a first Ctrl-C came: stop at this step's end
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._saved = None
+        self._saved, self._ctrl_c = None, False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # here, not at fit start: Lightning has noted the handlers it puts back as the fit ends
+        # (any way it ends), so this one goes with them; before the first step (the compile),
+        # a Ctrl-C has no step to save and stops at once
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            signal.signal(signal.SIGINT, self._on_ctrl_c)
+
+    def _on_ctrl_c(self, signum: int, frame: FrameType | None) -> None:
+        self._ctrl_c = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one stops at once
+        # not the logging module: this runs between any two lines of the fit, its lock's too
+        sys.stderr.write(
+            "\nCtrl-C: saving last.ckpt at the end of this step, then stopping. "
+            "Ctrl-C again stops at once, without saving.\n"
+        )
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
     ) -> None:
         # here the step is done and the callbacks before this one (EMA's average) have seen it:
         # the state a periodic save of last.ckpt holds, which resumes bitwise
-        if not trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False):
+        stop = trainer.received_sigterm or self._ctrl_c
+        if not trainer.strategy.reduce_boolean_decision(stop, all=False):
             return
         self._save_last(trainer)
         self._log_step(trainer)
         # raised on every rank at once: Lightning would raise only where the signal arrived
-        raise SIGTERMException(SIGTERM_EXIT_STATUS)
+        raise SIGTERMException(SIGINT_EXIT_STATUS if self._ctrl_c else SIGTERM_EXIT_STATUS)
 
     @staticmethod
     def _log_step(trainer: L.Trainer) -> None:
@@ -95,7 +125,7 @@ class SaveOnSigterm(L.Callback):
         if not exception.code:  # raised by Lightning itself: SystemExit() would exit with 0
             exception.code = SIGTERM_EXIT_STATUS
         if trainer.is_global_zero:
-            log.warning("%s", self._report(trainer))
+            log.warning("%s", self._report(trainer, exception.code))
 
     @staticmethod
     def _last_writers(trainer: L.Trainer) -> list[ModelCheckpoint]:
@@ -120,10 +150,11 @@ class SaveOnSigterm(L.Callback):
             trainer.save_checkpoint(path)
             self._saved = (trainer.global_step, path)
 
-    def _report(self, trainer: L.Trainer) -> str:
-        """What was saved and how to go on, for the log."""
+    def _report(self, trainer: L.Trainer, code: int) -> str:
+        """What was saved and how to go on, for the log; `code`: the exit status."""
         step, resume = trainer.global_step, "Resume with the same command and --ckpt_path last"
-        status = f"Exit status {SIGTERM_EXIT_STATUS}."
+        by = "Ctrl-C" if code == SIGINT_EXIT_STATUS else "SIGTERM"
+        status = f"Exit status {code}."
         saves = [
             (c._last_global_step_saved, c.last_model_path)
             for c in self._last_writers(trainer)
@@ -131,13 +162,11 @@ class SaveOnSigterm(L.Callback):
         ]  # a save of the run's own at this step: the signal came during it, or at epoch end
         saved = self._saved or next(iter(saves), None)
         if saved is not None and saved[0] == step:
-            return f"Stopped by SIGTERM: saved {saved[1]} at step {step}. {resume}. {status}"
+            return f"Stopped by {by}: saved {saved[1]} at step {step}. {resume}. {status}"
         if not trainer.checkpoint_callbacks or trainer.fast_dev_run:
-            return (
-                f"Stopped by SIGTERM at step {step}; checkpointing is off: nothing saved. {status}"
-            )
+            return f"Stopped by {by} at step {step}; checkpointing is off: nothing saved. {status}"
         return (
-            f"Stopped by SIGTERM at step {step} outside a training step (in validation, or "
+            f"Stopped by {by} at step {step} outside a training step (in validation, or "
             f"before the first step): last.ckpt is from its last save. {resume}. {status}"
         )
 
