@@ -456,8 +456,6 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, python_ctrl_c) -
 def test_sigterm_during_validation_exits_143_and_keeps_the_last_save(tmp_path, caplog) -> None:
     """SIGTERM half-way through a validation: Lightning stops it at once; nothing half-validated
     is saved, last.ckpt keeps its last save (the end of epoch 1), and the exit status is 143."""
-    import signal
-
     import lightning as L
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
