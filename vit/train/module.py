@@ -261,8 +261,10 @@ class ViTClassifier(FitControls, L.LightningModule):
     def on_train_epoch_end(self) -> None:
         if self.train_loss_count > 0:
             mean = self.train_loss_sum / self.train_loss_count
-            self.log("train/loss_epoch", mean)
-            self.log("train/loss", mean, logger=False)  # the name callbacks monitor, as before
+            # under DDP each rank's mean over as many images (DistributedSampler): their mean
+            self.log("train/loss_epoch", mean, sync_dist=True)
+            # the name callbacks monitor, as before
+            self.log("train/loss", mean, logger=False, sync_dist=True)
         self.train_loss_sum.zero_()
         self.train_loss_count.zero_()
 
