@@ -403,6 +403,22 @@ def test_ctrl_c_saves_in_a_trainer_of_one_s_own_and_gives_the_handler_back(
     assert during[-1] is own and signal.getsignal(signal.SIGINT) is own
 
 
+def test_only_rank_zero_says_what_a_ctrl_c_will_do(capfd, python_ctrl_c) -> None:
+    """A terminal's Ctrl-C reaches every rank of a DDP fit: each stops, one speaks."""
+    from types import SimpleNamespace
+
+    from vit.train.callbacks.checkpointing import SaveOnSigterm
+
+    said = []
+    for rank in (0, 1):
+        save = SaveOnSigterm()
+        save.on_train_start(SimpleNamespace(is_global_zero=rank == 0), None)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert save._ctrl_c  # stops at the step's end
+        said.append(capfd.readouterr().err.count("Ctrl-C again stops at once"))
+    assert said == [1, 0]
+
+
 def test_a_fit_outside_the_main_thread_leaves_ctrl_c_alone(tmp_path, python_ctrl_c) -> None:
     """Only the main thread may set a signal handler: a fit in another thread (a notebook's
     worker, a server's) trains as before, Ctrl-C left as it was."""

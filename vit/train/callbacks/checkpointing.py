@@ -74,6 +74,7 @@ class SaveOnSigterm(L.Callback):
     def __init__(self) -> None:
         self._saved: tuple[int, str] | None = None  # (step, path) of this callback's save
         self._ctrl_c = False  # a first Ctrl-C came: stop at this step's end
+        self._speaks = True  # this rank says so when it comes
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved, self._ctrl_c = None, False
@@ -87,15 +88,17 @@ class SaveOnSigterm(L.Callback):
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler
         ):
             signal.signal(signal.SIGINT, self._on_ctrl_c)
+        self._speaks = trainer.is_global_zero  # a terminal's Ctrl-C reaches every rank
 
     def _on_ctrl_c(self, signum: int, frame: FrameType | None) -> None:
         self._ctrl_c = True
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one stops at once
-        # not the logging module: this runs between any two lines of the fit, its lock's too
-        sys.stderr.write(
-            "\nCtrl-C: saving last.ckpt at the end of this step, then stopping. "
-            "Ctrl-C again stops at once, without saving.\n"
-        )
+        if self._speaks:
+            # not the logging module: this runs between any two lines of the fit, its lock's too
+            sys.stderr.write(
+                "\nCtrl-C: saving last.ckpt at the end of this step, then stopping. "
+                "Ctrl-C again stops at once, without saving.\n"
+            )
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
