@@ -261,7 +261,7 @@ class ViTClassifier(FitControls, L.LightningModule):
     def on_train_epoch_end(self) -> None:
         if self.train_loss_count > 0:
             mean = self.train_loss_sum / self.train_loss_count
-            # under DDP each rank's mean over as many images (DistributedSampler): their mean
+            # under DDP the ranks' means, each over as many images (DistributedSampler), averaged
             self.log("train/loss_epoch", mean, sync_dist=True)
             # the name callbacks monitor, as before
             self.log("train/loss", mean, logger=False, sync_dist=True)

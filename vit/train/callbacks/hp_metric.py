@@ -27,8 +27,8 @@ class HpMetric(L.Callback):
         value = trainer.callback_metrics.get(self.monitor)
         if trainer.sanity_checking or value is None:
             return
-        # the step Lightning logs the validation's metrics at (the batch's, before its count
-        # goes up; not global_step, which counts each optimizer's steps)
+        # the step Lightning logs val/acc at: its count of batches stepped, raised only after
+        # the validation that ends a step (global_step is one ahead there)
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):  # its log_metrics writes on rank 0 only
