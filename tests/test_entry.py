@@ -157,6 +157,7 @@ def test_the_checkout_watcher_catches_a_module_that_writes_on_import(
 
 # Each command's target with the switches replaced by probes: first stopped at the second (was
 # torch loaded when they ran? did both run, the cache's for real?), then run through to its --help.
+COMMAND_NAMES = ("train", "evaluate", "visualize", "explore", "predict", "inspect", "export")
 COMMANDS = """
 import os, sys
 from vit.commands import entry
@@ -225,6 +226,28 @@ def test_each_command_switches_before_torch_loads_and_helps() -> None:
     )
     for usage in (f"usage: {u}" for u in usages):
         assert usage in done.stdout, usage
+
+
+def test_ctrl_c_ends_each_command_with_one_line_and_130() -> None:
+    """Ctrl-C at any moment of a command (here, as it starts): no traceback, exit status 130."""
+    code = (
+        "import sys\n"
+        "from vit.commands import entry\n"
+        "from vit.system import inductor_cache\n"
+        "def pressed():\n"
+        "    raise KeyboardInterrupt\n"
+        "inductor_cache.separate_by_capability = pressed\n"
+        f"for name in {list(COMMAND_NAMES)!r}:\n"
+        "    try:\n"
+        "        getattr(entry, name)()\n"
+        "    except SystemExit as exit:\n"
+        "        print('EXIT', name, exit.code, flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"EXIT {name} 130" for name in COMMAND_NAMES]
+    assert done.stderr.count("Interrupted by Ctrl-C.") == len(COMMAND_NAMES)
+    assert "Traceback" not in done.stderr
 
 
 def test_a_command_prints_a_lightning_message_once() -> None:

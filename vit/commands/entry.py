@@ -10,11 +10,34 @@ VIT_MKL_AVX2=0 leaves MKL as torch ships it. glibc's malloc keeps the memory a s
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
+from collections.abc import Callable
 
 from vit.system import inductor_cache, malloc, mkl_amd
 
+# what a shell reports for a process that Ctrl-C (SIGINT, 2) ended
+CTRL_C_EXIT_STATUS = 130
 
+
+def interruptible(command: Callable[[], None]) -> Callable[[], None]:
+    """The command, ended by Ctrl-C with one line and exit status 130 instead of a traceback
+    from whatever ran at that moment (an import, a data scan, a fit's start). A fit's first
+    Ctrl-C after its start saves first (vit/train/callbacks/checkpointing.py)."""
+
+    @functools.wraps(command)
+    def run() -> None:
+        try:
+            command()
+        except KeyboardInterrupt:
+            print("\nInterrupted by Ctrl-C.", file=sys.stderr)
+            raise SystemExit(CTRL_C_EXIT_STATUS) from None
+
+    return run
+
+
+@interruptible
 def train() -> None:
     """`vit-train`: the LightningCLI (vit/commands/), which logs the switch's status as a run starts."""
     switch()
@@ -28,6 +51,7 @@ def train() -> None:
     exit_on_user_error(train_main, only_from=PACKAGE_DIR, anywhere=(MisconfigurationException,))
 
 
+@interruptible
 def evaluate() -> None:
     """`vit-evaluate`: a checkpoint's metrics JSON and confusion matrix (vit/commands/)."""
     switch_mkl()
@@ -36,6 +60,7 @@ def evaluate() -> None:
     evaluate_main()
 
 
+@interruptible
 def visualize() -> None:
     """`vit-visualize`: attention pictures from a checkpoint (vit/commands/visualize.py)."""
     switch_mkl()
@@ -44,6 +69,7 @@ def visualize() -> None:
     visualize_main()
 
 
+@interruptible
 def explore() -> None:
     """`vit-explore`: one self-contained HTML page to look inside attention (vit/commands/explore.py)."""
     switch_mkl()
@@ -52,6 +78,7 @@ def explore() -> None:
     explore_main()
 
 
+@interruptible
 def inspect() -> None:
     """`vit-inspect`: a model as a whole (attention distance, filters, positions) or one run's
     checkpoints over training (vit/commands/inspect_model.py)."""
@@ -61,6 +88,7 @@ def inspect() -> None:
     inspect_main()
 
 
+@interruptible
 def export() -> None:
     """`vit-export`: a model as ONNX or a torch.export program (vit/commands/export.py)."""
     switch_mkl()
@@ -69,6 +97,7 @@ def export() -> None:
     export_main()
 
 
+@interruptible
 def predict() -> None:
     """`vit-predict`: the top-k classes of your own images (vit/commands/predict.py)."""
     switch_mkl()
