@@ -379,3 +379,5 @@ def test_tensorboard_s_hp_metric_is_each_validation_s_accuracy(
     assert len(accuracy) == 2 and 0 not in accuracy  # one validation an epoch
     assert {e.step: e.value for e in hp_metric} == {0: -1.0, **accuracy}
     assert hp_metric[-1].value == accuracy[max(accuracy)]  # the value the tab shows
+    with (runs / "tiny" / "version_0" / "metrics.csv").open() as f:
+        assert "hp_metric" not in next(csv.reader(f))  # no copy of val/acc there
