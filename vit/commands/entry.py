@@ -23,8 +23,9 @@ CTRL_C_EXIT_STATUS = 130
 
 def interruptible(command: Callable[[], None]) -> Callable[[], None]:
     """The command, ended by Ctrl-C with one line and exit status 130 instead of a traceback
-    from whatever ran at that moment (an import, a data scan, a fit's start). A fit's first
-    Ctrl-C after its start saves first (vit/train/callbacks/checkpointing.py)."""
+    from whatever ran at that moment (an import, the config's parsing, a command's own loop).
+    Inside a Lightning fit or test, Lightning's shutdown takes it (exit 1), and a fit's first
+    Ctrl-C in its steps saves first (vit/train/callbacks/checkpointing.py)."""
 
     @functools.wraps(command)
     def run() -> None:
