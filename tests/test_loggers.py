@@ -381,3 +381,22 @@ def test_tensorboard_s_hp_metric_is_each_validation_s_accuracy(
     assert hp_metric[-1].value == accuracy[max(accuracy)]  # the value the tab shows
     with (runs / "tiny" / "version_0" / "metrics.csv").open() as f:
         assert "hp_metric" not in next(csv.reader(f))  # no copy of val/acc there
+
+
+def test_hp_metric_of_a_new_fit_starts_afresh_with_the_same_callback(tmp_path: Path) -> None:
+    """A callback reused by a second fit that is not a resume carries no value into it."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.helpers import quiet_trainer, random_loader, tiny_classifier
+    from vit.train.callbacks import HpMetric
+
+    hp = HpMetric()
+    for version in (0, 1):
+        logger = TensorBoardLogger(tmp_path, name="tb", version=version)
+        trainer = quiet_trainer(tmp_path, max_epochs=1, logger=logger, callbacks=[hp])
+        trainer.fit(tiny_classifier(), random_loader(), random_loader(16))
+    events = EventAccumulator(str(tmp_path / "tb" / "version_1"))
+    events.Reload()
+    accuracy = {e.step: e.value for e in events.Scalars("val/acc")}
+    assert {e.step: e.value for e in events.Scalars("hp_metric")} == {0: -1.0, **accuracy}
