@@ -30,7 +30,7 @@ class HpMetric(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.last = None  # a fit's own: a resumed one's comes from its checkpoint, after this
-        self._to_resume: float | None = None
+        self._to_resume = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._to_resume = self.last  # resumed: the run's value, after Lightning's placeholder
