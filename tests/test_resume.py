@@ -447,12 +447,22 @@ def test_a_fit_outside_the_main_thread_leaves_ctrl_c_alone(tmp_path, python_ctrl
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def saving_at_epoch_ends(tmp_path: Path, signaller: object, **trainer_args: object):
+    """A 3-epoch Trainer (4 steps an epoch with random_loader) whose last.ckpt, in
+    tmp_path/ckpt, is saved at epoch ends only (and by SaveOnSigterm), `signaller` first."""
+    from vit.train.callbacks.checkpointing import LastCheckpoint, SaveOnSigterm
+
+    last = LastCheckpoint(every_n_train_steps=1000, dirpath=str(tmp_path / "ckpt"))
+    callbacks = [signaller, SaveOnSigterm(), last]
+    return quiet_trainer(
+        tmp_path, max_epochs=3, enable_checkpointing=True, callbacks=callbacks, **trainer_args
+    )
+
+
 def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, python_ctrl_c) -> None:
     """Ctrl-C twice in step 6: the second interrupts the step (KeyboardInterrupt; Lightning
     shuts down and exits 1), nothing is saved at step 6: last.ckpt is the epoch end's, step 4."""
     import lightning as L
-
-    from vit.train.callbacks.checkpointing import LastCheckpoint, SaveOnSigterm
 
     class CtrlCTwice(L.Callback):
         def on_before_backward(self, trainer, *args) -> None:
@@ -460,13 +470,7 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, python_ctrl_c) -
                 os.kill(os.getpid(), signal.SIGINT)
                 os.kill(os.getpid(), signal.SIGINT)
 
-    last = LastCheckpoint(every_n_train_steps=1000, dirpath=str(tmp_path / "ckpt"))
-    trainer = quiet_trainer(
-        tmp_path,
-        max_epochs=3,
-        enable_checkpointing=True,
-        callbacks=[CtrlCTwice(), SaveOnSigterm(), last],
-    )
+    trainer = saving_at_epoch_ends(tmp_path, CtrlCTwice())
     with pytest.raises(SystemExit) as stop:  # 4 steps an epoch
         trainer.fit(tiny_classifier(), random_loader())
     assert stop.value.code == 1
@@ -479,21 +483,12 @@ def test_sigterm_during_validation_exits_143_and_keeps_the_last_save(tmp_path, c
     import lightning as L
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from vit.train.callbacks.checkpointing import LastCheckpoint, SaveOnSigterm
-
     class TermInValidation(L.Callback):
         def on_validation_batch_start(self, trainer, *args) -> None:
             if trainer.global_step == 8:  # the validation at the end of epoch 2
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    last = LastCheckpoint(every_n_train_steps=1000, dirpath=str(tmp_path / "ckpt"))
-    trainer = quiet_trainer(
-        tmp_path,
-        max_epochs=3,
-        enable_checkpointing=True,
-        num_sanity_val_steps=0,
-        callbacks=[TermInValidation(), SaveOnSigterm(), last],
-    )
+    trainer = saving_at_epoch_ends(tmp_path, TermInValidation(), num_sanity_val_steps=0)
     with pytest.raises(SIGTERMException) as stop:  # 4 steps an epoch, 2 validation batches
         trainer.fit(tiny_classifier(), random_loader(), random_loader(32))
     assert stop.value.code == 143
