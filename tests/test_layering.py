@@ -172,6 +172,7 @@ def test_the_commands_reach_the_switch_without_torch() -> None:
         "vit.commands",
         "vit.commands.entry",
         "vit.system",
+        "vit.system.errors",
         "vit.system.inductor_cache",
         "vit.system.malloc",
         "vit.system.mkl_amd",

@@ -10,32 +10,10 @@ VIT_MKL_AVX2=0 leaves MKL as torch ships it. glibc's malloc keeps the memory a s
 
 from __future__ import annotations
 
-import functools
 import logging
-import sys
-from collections.abc import Callable
 
 from vit.system import inductor_cache, malloc, mkl_amd
-
-# what a shell reports for a process that Ctrl-C (SIGINT, 2) ended
-CTRL_C_EXIT_STATUS = 130
-
-
-def interruptible(command: Callable[[], None]) -> Callable[[], None]:
-    """The command, ended by Ctrl-C with one line and exit status 130 instead of a traceback
-    from whatever ran at that moment (an import, the config's parsing, a command's own loop).
-    Inside a Lightning fit or test, Lightning's shutdown takes it (exit 1), and a fit's first
-    Ctrl-C in its steps saves first (vit/train/callbacks/checkpointing.py)."""
-
-    @functools.wraps(command)
-    def run() -> None:
-        try:
-            command()
-        except KeyboardInterrupt:
-            print("\nInterrupted by Ctrl-C.", file=sys.stderr)
-            raise SystemExit(CTRL_C_EXIT_STATUS) from None
-
-    return run
+from vit.system.errors import PACKAGE_DIR, exit_on_user_error, interruptible
 
 
 @interruptible
@@ -45,7 +23,6 @@ def train() -> None:
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from vit.commands.train import train_main
-    from vit.system.errors import PACKAGE_DIR, exit_on_user_error
 
     # vit's own checks print their one line, and so does Lightning's refusal of a setting
     # (--trainer.max_epochs -2); any other error from inside Lightning or torch, its traceback

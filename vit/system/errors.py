@@ -1,13 +1,19 @@
-"""How the console commands report a mistake the user can fix: one line on stderr, exit status 2."""
+"""How the console commands report a mistake the user can fix (one line on stderr, exit status
+2) and a Ctrl-C (one line, exit status 130)."""
 
 from __future__ import annotations
 
+import functools
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError)
+
+# what a shell reports for a process that Ctrl-C (SIGINT) ended
+CTRL_C_EXIT_STATUS = 128 + signal.SIGINT
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # vit/
 
@@ -45,3 +51,20 @@ def exit_on_user_error(
             raise
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def interruptible(command: Callable[[], None]) -> Callable[[], None]:
+    """The command, ended by Ctrl-C with one line and exit status 130 instead of a traceback
+    from whatever ran at that moment (an import, the config's parsing, a command's own loop).
+    Inside a Lightning fit or test, Lightning's shutdown takes it (exit 1), and a fit's first
+    Ctrl-C in its steps saves first (vit/train/callbacks/checkpointing.py)."""
+
+    @functools.wraps(command)
+    def run() -> None:
+        try:
+            command()
+        except KeyboardInterrupt:
+            print("\nInterrupted by Ctrl-C.", file=sys.stderr)
+            raise SystemExit(CTRL_C_EXIT_STATUS) from None
+
+    return run

@@ -18,11 +18,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
+from vit.system.errors import CTRL_C_EXIT_STATUS
+
 log = logging.getLogger(__name__)
 
 # what a shell reports for a process that SIGTERM ended: schedulers read it as "terminated"
 SIGTERM_EXIT_STATUS = 128 + signal.SIGTERM
-SIGINT_EXIT_STATUS = 128 + signal.SIGINT  # and for one Ctrl-C ended
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -111,7 +112,7 @@ class SaveOnSigterm(L.Callback):
         self._save_last(trainer)
         self._log_step(trainer)
         # raised on every rank at once: Lightning would raise only where the signal arrived
-        raise SIGTERMException(SIGINT_EXIT_STATUS if self._ctrl_c else SIGTERM_EXIT_STATUS)
+        raise SIGTERMException(CTRL_C_EXIT_STATUS if self._ctrl_c else SIGTERM_EXIT_STATUS)
 
     @staticmethod
     def _log_step(trainer: L.Trainer) -> None:
@@ -156,7 +157,7 @@ class SaveOnSigterm(L.Callback):
     def _report(self, trainer: L.Trainer, code: int) -> str:
         """What was saved and how to go on, for the log; `code`: the exit status."""
         step, resume = trainer.global_step, "Resume with the same command and --ckpt_path last"
-        by = "Ctrl-C" if code == SIGINT_EXIT_STATUS else "SIGTERM"
+        by = "Ctrl-C" if code == CTRL_C_EXIT_STATUS else "SIGTERM"
         status = f"Exit status {code}."
         saves = [
             (c._last_global_step_saved, c.last_model_path)
