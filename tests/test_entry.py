@@ -250,6 +250,35 @@ def test_ctrl_c_ends_each_command_with_one_line_and_130() -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_only_an_exit_made_by_ctrl_c_becomes_130(capsys) -> None:
+    """Lightning ends an interrupted fit or test with sys.exit(1) inside its KeyboardInterrupt
+    handler: that exit becomes 130; a command's own exit 1 (vit-predict's unreadable images)
+    stays 1."""
+    from vit.system.errors import interruptible
+
+    def lightning_like() -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            sys.exit(1)
+
+    def own_exit() -> None:
+        try:
+            raise ValueError("an image could not be read")
+        except ValueError:
+            sys.exit(1)
+
+    with pytest.raises(SystemExit) as stop:
+        interruptible(lightning_like)()
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == "Interrupted by Ctrl-C.\n"
+    for command in (own_exit, lambda: sys.exit(1)):
+        with pytest.raises(SystemExit) as stop:
+            interruptible(command)()
+        assert stop.value.code == 1
+    assert capsys.readouterr().err == ""
+
+
 def test_a_command_prints_a_lightning_message_once() -> None:
     # the data module's "CIFAR-10: ... source at ..." goes through Lightning's rank_zero_info
     code = (

@@ -461,8 +461,11 @@ def saving_at_epoch_ends(tmp_path: Path, signaller: object, **trainer_args: obje
 
 def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, python_ctrl_c) -> None:
     """Ctrl-C twice in step 6: the second interrupts the step (KeyboardInterrupt; Lightning
-    shuts down and exits 1), nothing is saved at step 6: last.ckpt is the epoch end's, step 4."""
+    shuts down and exits 1, which a console command reports as 130, as the first), nothing is
+    saved at step 6: last.ckpt is the epoch end's, step 4."""
     import lightning as L
+
+    from vit.system.errors import interruptible
 
     class CtrlCTwice(L.Callback):
         def on_before_backward(self, trainer, *args) -> None:
@@ -472,8 +475,8 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path, python_ctrl_c) -
 
     trainer = saving_at_epoch_ends(tmp_path, CtrlCTwice())
     with pytest.raises(SystemExit) as stop:  # 4 steps an epoch
-        trainer.fit(tiny_classifier(), random_loader())
-    assert stop.value.code == 1
+        interruptible(lambda: trainer.fit(tiny_classifier(), random_loader()))()
+    assert stop.value.code == 130
     assert load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 4
 
 

@@ -56,8 +56,9 @@ def exit_on_user_error(
 def interruptible(command: Callable[[], None]) -> Callable[[], None]:
     """The command, ended by Ctrl-C with one line and exit status 130 instead of a traceback
     from whatever ran at that moment (an import, the config's parsing, a command's own loop).
-    Inside a Lightning fit or test, Lightning's shutdown takes it (exit 1), and a fit's first
-    Ctrl-C in its steps saves first (vit/train/callbacks/checkpointing.py)."""
+    Inside a Lightning fit or test, Lightning's shutdown takes it and exits 1, which becomes
+    130 here too (a fit's first Ctrl-C in its steps saves first and exits 130 by itself:
+    vit/train/callbacks/checkpointing.py)."""
 
     @functools.wraps(command)
     def run() -> None:
@@ -66,5 +67,12 @@ def interruptible(command: Callable[[], None]) -> Callable[[], None]:
         except KeyboardInterrupt:
             print("\nInterrupted by Ctrl-C.", file=sys.stderr)
             raise SystemExit(CTRL_C_EXIT_STATUS) from None
+        except SystemExit as stop:
+            # Lightning calls sys.exit(1) while it handles the KeyboardInterrupt, so the
+            # interrupt is the exit's context; a command's own exit 1 has none
+            if stop.code == 1 and isinstance(stop.__context__, KeyboardInterrupt):
+                print("Interrupted by Ctrl-C.", file=sys.stderr)
+                raise SystemExit(CTRL_C_EXIT_STATUS) from None
+            raise
 
     return run
