@@ -206,6 +206,65 @@ def _home_in(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(key, str(value))
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_second_fit_without_a_logger_leaves_the_first_runs_files(
+    image_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--trainer.logger false: every fit writes into default_root_dir (the working folder). A
+    second fit there stops before training, saying how to give it a folder; the first run's
+    config.yaml and checkpoints are as it left them."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    args = [*train_args(image_tree, tmp_path / "runs", *FIT), "--trainer.logger=false"]
+    train_main(args)
+    first = _files(cwd)
+    assert "config.yaml" in first and "checkpoints/last.ckpt" in first
+    with pytest.raises(FileExistsError, match=r"config\.yaml is an earlier run's") as refused:
+        train_main([*args, "--trainer.max_epochs=2"])
+    assert "--trainer.default_root_dir DIR" in str(refused.value)
+    assert _files(cwd) == first
+    train_main([*args, f"--trainer.default_root_dir={tmp_path / 'second'}"])  # as it says
+    assert (tmp_path / "second" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_fixed_logger_version_does_not_write_over_its_earlier_run(
+    image_tree: Path, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    logger = json.dumps(
+        [{"class_path": CSV, "init_args": {"save_dir": str(runs), "name": "tiny", "version": 0}}]
+    )
+    args = [*train_args(image_tree, runs, *FIT), f"--trainer.logger={logger}"]
+    train_main(args)
+    first = _files(runs / "tiny" / "version_0")
+    with pytest.raises(FileExistsError, match=r"version is fixed \(0\).*leave the logger's"):
+        train_main(args)
+    assert _files(runs / "tiny" / "version_0") == first
+
+
+def test_a_tracker_first_is_told_to_give_its_save_dir() -> None:
+    import lightning as L
+    from lightning.pytorch.loggers import Logger
+
+    from vit.commands.run_folders import shared_folder_message
+
+    class Tracker(Logger):
+        name, version, save_dir = "t", "run-1", "."
+
+        def log_metrics(self, metrics, step=None) -> None: ...
+
+        def log_hyperparams(self, params, *args, **kwargs) -> None: ...
+
+    trainer = L.Trainer(logger=Tracker(), enable_progress_bar=False, enable_model_summary=False)
+    message = shared_folder_message(trainer, "./config.yaml")
+    assert "the first logger, Tracker, puts every fit's config in its save_dir" in message
+    assert "--trainer.logger.save_dir DIR" in message and "checkpoints" not in message
+
+
 # ---- W&B, offline --------------------------------------------------------------------------
 
 

@@ -137,6 +137,43 @@ class RunConfig(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
 
+def refuse_an_earlier_runs_folder(trainer: L.Trainer) -> None:
+    """A new fit (not a resume) whose folder holds an earlier run's config.yaml stops here, before
+    the trainer runs: Lightning opens the loggers before any callback's setup, and the CSV logger
+    deletes the metrics.csv of a folder it opens. Every rank of one machine reads the same file."""
+    log_dir = trainer.log_dir
+    path = os.path.join(log_dir, "config.yaml") if log_dir else ""
+    if path and os.path.isfile(path):
+        raise FileExistsError(shared_folder_message(trainer, path))
+
+
+def shared_folder_message(trainer: L.Trainer, config_path: str) -> str:
+    """Why a new fit finds an earlier run's config.yaml in its folder, and how to give it one."""
+    first = trainer.loggers[0] if trainer.loggers else None
+    over = "its config.yaml, and its checkpoints of the same names"
+    if first is None:
+        why = (
+            "with no logger (--trainer.logger false) every fit writes into Lightning's "
+            f"default_root_dir, {trainer.default_root_dir}"
+        )
+        fix = "--trainer.default_root_dir DIR, or the recipe's loggers: runs/<name>/version_N"
+    elif isinstance(first, (CSVLogger, TensorBoardLogger)):
+        why = f"the logger's version is fixed ({first.version!r}): it writes into that run's folder"
+        fix = "leave the logger's version unset: each fit then takes the next version_N"
+    else:
+        over = "its config.yaml"
+        why = f"the first logger, {type(first).__name__}, puts every fit's config in its save_dir"
+        fix = (
+            "--trainer.logger.save_dir DIR, or keep the recipe's CSV and TensorBoard loggers "
+            "first and add the tracker after them: --trainer.logger+=..."
+        )
+    return (
+        f"{config_path} is an earlier run's, and this fit would write over that run's files "
+        f"({over}): {why}. Give this fit a folder of its own ({fix}), or continue that run "
+        "with --ckpt_path and its last.ckpt."
+    )
+
+
 def _row_step(row: dict[str, str]) -> float:
     try:
         return float(row.get("step") or "inf")

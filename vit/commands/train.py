@@ -24,6 +24,7 @@ from vit.commands.run_folders import (
     check_writable,
     keep_metrics_history,
     new_run_folders,
+    refuse_an_earlier_runs_folder,
     remove_if_empty,
     remove_unstarted,
     resume_latest_run,
@@ -213,6 +214,8 @@ class ViTCLI(LightningCLI):
         step = getattr(self, "_resumed_step", None)
         if step is not None:
             keep_metrics_history(self.trainer.loggers, step)
+        elif not self.trainer.fast_dev_run:  # a new run: not into an earlier one's folder
+            refuse_an_earlier_runs_folder(self.trainer)
         if self.trainer.fast_dev_run:  # Lightning's ModelCheckpoint still saves last.ckpt at
             for c in self.trainer.checkpoint_callbacks:  # train end: into ./checkpoints
                 if isinstance(c, ModelCheckpoint):
