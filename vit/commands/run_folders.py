@@ -140,7 +140,8 @@ class RunConfig(SaveConfigCallback):
 def refuse_an_earlier_runs_folder(trainer: L.Trainer) -> None:
     """A new fit (not a resume) whose folder holds an earlier run's config.yaml stops here, before
     the trainer runs: Lightning opens the loggers before any callback's setup, and the CSV logger
-    deletes the metrics.csv of a folder it opens. Every rank of one machine reads the same file."""
+    deletes the metrics.csv of a folder it opens. Under DDP every rank checks before this fit
+    writes its own config.yaml: rank 0 writes it only once the other ranks have joined."""
     log_dir = trainer.log_dir
     path = os.path.join(log_dir, "config.yaml") if log_dir else ""
     if path and os.path.isfile(path):
