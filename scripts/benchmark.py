@@ -1,6 +1,7 @@
 """Training and inference throughput of our ViT against timm and vit-pytorch, measured in one run.
 
     python scripts/benchmark.py                      # the full table (peers: pip install -e ".[bench]")
+    python scripts/benchmark.py --name cpu-x         # kept: experiments/record/benchmarks/cpu-x.md
     python scripts/benchmark.py --quick              # fewer repeats, batch 128 only
     python scripts/benchmark.py --device cuda --name gpu   # the same table on a GPU
     python scripts/benchmark.py --quick --compile    # every model also under torch.compile
@@ -590,7 +591,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="batch 128, width 192, fewer rounds")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument(
-        "--name", default="cpu", help="output file stem under experiments/record/benchmarks"
+        "--name",
+        default=None,
+        help="keep the table as experiments/record/benchmarks/NAME.{md,json} (default: printed "
+        "only, so that no recorded table is replaced by accident)",
     )
     p.add_argument("--no-memory", dest="memory", action="store_false")
     p.add_argument(
@@ -630,10 +634,13 @@ def main(argv: list[str] | None = None) -> None:
         metavar="MODEL",
         default=None,
         help=f"instead: where these models' training steps spend their time ({', '.join(MODELS)}"
-        ", -compiled with --compile), written to <name>.txt",
+        ", -compiled with --compile), printed, and with --name written to NAME.txt",
     )
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
+    for flag in ("memory_only", "ceiling_only"):
+        if getattr(args, flag) and args.name is None:
+            p.error(f"--{flag.replace('_', '-')} adds to a recorded table: give its --name")
     try:  # vit-evaluate's check: a clear error for no GPU, a bad name or index
         args.device = str(resolve_device(args.device))
     except ValueError as err:
@@ -654,8 +661,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile:
         text = profile_models(args)
         print(text)
-        (OUT / f"{args.name}.txt").write_text(text + "\n")
-        print(f"wrote {OUT / args.name}.txt")
+        if args.name is not None:
+            (OUT / f"{args.name}.txt").write_text(text + "\n")
+            print(f"wrote {OUT / args.name}.txt")
         return
     if args.ceiling_only:
         results = json.loads((OUT / f"{args.name}.json").read_text())
@@ -671,7 +679,10 @@ def main(argv: list[str] | None = None) -> None:
         results = run(args)
     text = to_markdown(results)
     print(text)
-    write_record(OUT, args.name, results, text)
+    if args.name is None:
+        print("not kept: --name NAME writes it as experiments/record/benchmarks/NAME.{md,json}")
+    else:
+        write_record(OUT, args.name, results, text)
 
 
 if __name__ == "__main__":

@@ -164,6 +164,27 @@ def test_compile_times_every_model_twice_and_the_best_of_each_side_meets(
     assert "--compile needs a C++ compiler" in capsys.readouterr().err
 
 
+def test_without_a_name_the_table_is_printed_and_no_record_replaced(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A bare run printed over experiments/record/benchmarks/cpu.md, a recorded table; now the
+    table is kept only under a --name given, and the options that add to a record need one."""
+    rows = [dict(**CFG, batch=4, precision="32-true", kind="train", model="ours", images_per_s=9.0)]
+    result = {"command": "x", "machine": {"cuda": False}, "rows": rows} | DATA
+    monkeypatch.setattr(bench, "run", lambda args: result)
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    bench.main(["--quick"])
+    out = capsys.readouterr().out
+    assert "| 9.0 " in out and "not kept: --name NAME" in out
+    assert list(tmp_path.iterdir()) == []
+    bench.main(["--quick", "--name", "mine"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.json", "mine.md"]
+    for flag in ("--memory-only", "--ceiling-only"):
+        with pytest.raises(SystemExit):
+            bench.main([flag])
+        assert f"{flag} adds to a recorded table: give its --name" in capsys.readouterr().err
+
+
 def test_a_record_name_with_a_dot_is_written_whole(tmp_path: Path) -> None:
     """The one record writer of the scripts (benchmark, recipe_step, peer_recipe, product_rates)."""
     out = tmp_path / "record" / "benchmarks"  # made by the writer
