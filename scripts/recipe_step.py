@@ -230,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                    "setting changed, e.g. model.network.mlp_ratio=4), or compiled+KEY.PATH=VALUE "
                    "(that setting, the network compiled)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--alternate", action="store_true",
+                   help="reverse the variants' order every other round: where a step's speed "
+                   "depends on what ran before it (the heap's state), each variant runs first "
+                   "as often as last")  # fmt: skip
     p.add_argument("--steps", type=int, default=8, help="timed steps per stage, variant, round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per stage first")
     p.add_argument(
@@ -276,9 +280,11 @@ def main(argv: list[str] | None = None) -> int:
                 run(side, drop)
     # per variant and stage: each round's mean phase times
     rounds: dict[str, dict[str, list[dict[str, float]]]] = {v: {} for v in ns.variants}
-    for _ in range(ns.rounds):
+    for r in range(ns.rounds):
+        order = round_order(list(steps), r, alternate=ns.alternate)
         for _, side, drop in plan:
-            for v, run in steps.items():
+            for v in order:
+                run = steps[v]
                 total: dict[str, float] = dict.fromkeys(PHASES, 0.0)
                 for _ in range(ns.steps):
                     for k, s in run(side, drop).items():
@@ -292,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     if ns.name:
         write_record(REPO / "experiments" / "record" / "benchmarks", ns.name, result, text)
     return 0
+
+
+def round_order(variants: list[str], r: int, *, alternate: bool) -> list[str]:
+    """The order the variants run in round r (from 0): as given, or reversed in odd rounds."""
+    return variants[::-1] if alternate and r % 2 else variants
 
 
 def profile_stage(run: Callable, ns: argparse.Namespace) -> int:
@@ -486,7 +497,8 @@ def markdown(result: dict, ns: argparse.Namespace) -> str:
     cmd = "python scripts/recipe_step.py " + shlex.join(sys.argv[1:])
     lines = [f"`{cmd}`", "",
              f"{result['date']}, {result['cpu']} ({' '.join(result['flags'])}), torch {result['torch']}, batch {result['batch']}, "
-             f"{result['dtype']}, {ns.rounds} rounds x {ns.steps} steps per stage (medians); "
+             f"{result['dtype']}, {ns.rounds} rounds x {ns.steps} steps per stage (medians"
+             f"{'; the order reversed every other round' if ns.alternate else ''}); "
              f"malloc: {result.get('malloc', 'glibc as it starts')}.", "",
              "| variant | stage (share) | " + " | ".join(PHASES) + " | step ms | img/s |",
              "|---" * (len(PHASES) + 4) + "|"]  # fmt: skip

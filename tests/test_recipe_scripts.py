@@ -62,6 +62,16 @@ def test_variants_change_one_setting_or_the_batch_and_count_images() -> None:
     assert out["batch-256"]["stages"]["16px drop 0.0"]["img_s"] == round(256 / 1.5, 1)
 
 
+def test_alternate_runs_each_variant_first_as_often_as_last() -> None:
+    """The issue-day step read 1.40x when it ran first in each round and 1.24x when it ran
+    second (NOTES.md): --alternate reverses the order every other round."""
+    variants = ["old", "new", "third"]
+    assert [step.round_order(variants, r, alternate=False) for r in range(2)] == [variants] * 2
+    orders = [step.round_order(variants, r, alternate=True) for r in range(4)]
+    assert orders == [variants, variants[::-1]] * 2
+    assert [o[0] for o in orders].count("old") == [o[-1] for o in orders].count("old") == 2
+
+
 def test_the_glibc_malloc_variant_runs_under_glibcs_starting_thresholds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
